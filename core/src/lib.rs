@@ -1,0 +1,18 @@
+//! The vial format crate: identifiers, digests, references, media types and OCI manifest types.
+//!
+//! Everything here is pure data and pure functions. The crate does no I/O and knows nothing of HTTP,
+//! SQL or FUSE, so every other crate can build on it and it can be tested in isolation.
+//!
+//! Identifiers are validated newtypes: a [`Digest`], [`RepoName`], [`Tag`] or [`Reference`] that exists
+//! has already been checked against the grammar of the OCI distribution specification, so code that
+//! receives one never re-validates it.
+
+mod digest;
+pub mod manifest;
+pub mod media;
+mod name;
+mod reference;
+
+pub use digest::{Algorithm, Digest, DigestError, DigestHasher};
+pub use name::{NameError, RepoName, Tag};
+pub use reference::{Reference, ReferenceError, Target};

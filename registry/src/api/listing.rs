@@ -1,0 +1,100 @@
+//! Content discovery: tag lists, the catalog and the referrers API, with `n`/`last` pagination.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use vial_core::manifest::Descriptor;
+use vial_core::{media, Digest, RepoName};
+
+use super::{set_header, Request};
+use crate::error::{ApiError, ErrorCode};
+use crate::AppState;
+
+/// Largest page a listing returns, whatever `n` asks for; more come through the `Link` header.
+const MAX_PAGE: u32 = 1000;
+
+fn page_size(req: &Request) -> Result<u32, ApiError> {
+    match req.query.get("n") {
+        None => Ok(MAX_PAGE),
+        Some(n) => n
+            .parse::<u64>()
+            .map(|n| n.min(u64::from(MAX_PAGE)) as u32)
+            .map_err(|_| ApiError::bad_request(ErrorCode::Unsupported, format!("invalid page size n={n:?}"))),
+    }
+}
+
+fn json_response<T: Serialize>(value: &T, content_type: &str) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = (StatusCode::OK, body).into_response();
+    set_header(&mut response, "content-type", content_type);
+    response
+}
+
+fn link(path: &str, n: u32, last: Option<&String>) -> Option<String> {
+    last.map(|last| {
+        let query: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("n", &n.to_string())
+            .append_pair("last", last)
+            .finish();
+        format!("<{path}?{query}>; rel=\"next\"")
+    })
+}
+
+pub(super) async fn tags(state: &AppState, repo: &RepoName, req: &Request) -> Result<Response, ApiError> {
+    let n = page_size(req)?;
+    let page = state
+        .meta
+        .list_tags(repo, req.query.get("last"), n)
+        .await?
+        .ok_or_else(|| ApiError::not_found(ErrorCode::NameUnknown, format!("repository {repo} is not known")))?;
+    #[derive(Serialize)]
+    struct TagList<'a> {
+        name: &'a str,
+        tags: &'a [String],
+    }
+    let mut response = json_response(&TagList { name: repo.as_str(), tags: &page.items }, "application/json");
+    if page.more {
+        if let Some(l) = link(&format!("/v2/{repo}/tags/list"), n, page.items.last()) {
+            set_header(&mut response, "link", &l);
+        }
+    }
+    Ok(response)
+}
+
+pub(super) async fn catalog(state: &AppState, req: &Request) -> Result<Response, ApiError> {
+    let n = page_size(req)?;
+    let page = state.meta.list_repositories(req.query.get("last"), n).await?;
+    #[derive(Serialize)]
+    struct Catalog<'a> {
+        repositories: &'a [String],
+    }
+    let mut response = json_response(&Catalog { repositories: &page.items }, "application/json");
+    if page.more {
+        if let Some(l) = link("/v2/_catalog", n, page.items.last()) {
+            set_header(&mut response, "link", &l);
+        }
+    }
+    Ok(response)
+}
+
+pub(super) async fn referrers(state: &AppState, repo: &RepoName, subject: &Digest, req: &Request) -> Result<Response, ApiError> {
+    let artifact_type = req.query.get("artifactType");
+    let manifests = state.meta.referrers(repo, subject, artifact_type).await?;
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Index<'a> {
+        schema_version: u32,
+        media_type: &'static str,
+        manifests: &'a [Descriptor],
+    }
+    let index = Index {
+        schema_version: 2,
+        media_type: media::OCI_INDEX,
+        manifests: &manifests,
+    };
+    let mut response = json_response(&index, media::OCI_INDEX);
+    if artifact_type.is_some() {
+        set_header(&mut response, "oci-filters-applied", "artifactType");
+    }
+    Ok(response)
+}

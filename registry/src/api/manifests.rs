@@ -1,0 +1,149 @@
+//! Manifest push (with `?tag=` and `subject`), pull by tag or digest, and deletion.
+
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use vial_core::manifest::summarize;
+use vial_core::{Algorithm, RepoName, Tag, Target};
+
+use super::{append_header, set_header, Request};
+use crate::error::{ApiError, ErrorCode};
+use crate::storage::ManifestRecord;
+use crate::AppState;
+
+/// Manifests larger than this are hashed off the executor.
+const INLINE_HASH_LIMIT: usize = 256 * 1024;
+
+pub(super) async fn get(state: &AppState, repo: &RepoName, target: &Target, req: &Request) -> Result<Response, ApiError> {
+    let manifest = state
+        .meta
+        .get_manifest(repo, target)
+        .await?
+        .ok_or_else(|| manifest_unknown(repo, target))?;
+    let length = manifest.content.len();
+    let mut response = if req.method == Method::HEAD {
+        StatusCode::OK.into_response()
+    } else {
+        (StatusCode::OK, manifest.content).into_response()
+    };
+    set_header(&mut response, "content-type", &manifest.media_type);
+    set_header(&mut response, "content-length", &length.to_string());
+    set_header(&mut response, "docker-content-digest", manifest.digest.as_str());
+    set_header(&mut response, "etag", &format!("\"{}\"", manifest.digest));
+    Ok(response)
+}
+
+pub(super) async fn put(state: &AppState, repo: &RepoName, target: &Target, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+    let limit = state.config.max_manifest_size;
+    if req.content_length().is_some_and(|l| l > limit) {
+        return Err(too_large(limit));
+    }
+    let content_type = req.header("content-type").map(str::to_owned);
+    let mut tags: Vec<Tag> = Vec::new();
+    if let Target::Tag(t) = target {
+        tags.push(t.clone());
+    }
+    for t in req.query.all("tag") {
+        let tag = Tag::parse(t).map_err(|e| ApiError::bad_request(ErrorCode::TagInvalid, e.to_string()))?;
+        if !tags.contains(&tag) {
+            tags.push(tag);
+        }
+    }
+
+    let content = read_limited(body, limit).await?;
+    let summary = summarize(content_type.as_deref(), &content)
+        .map_err(|e| ApiError::bad_request(ErrorCode::ManifestInvalid, e.to_string()))?;
+    let algorithm = match target {
+        Target::Digest(d) => d.algorithm(),
+        Target::Tag(_) => Algorithm::Sha256,
+    };
+    let (content, digest) = if content.len() > INLINE_HASH_LIMIT {
+        tokio::task::spawn_blocking(move || {
+            let d = algorithm.digest_bytes(&content);
+            (content, d)
+        })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e.to_string()))?
+    } else {
+        let d = algorithm.digest_bytes(&content);
+        (content, d)
+    };
+    if let Target::Digest(expected) = target {
+        if expected != &digest {
+            return Err(ApiError::bad_request(
+                ErrorCode::DigestInvalid,
+                format!("manifest content has digest {digest}, not the {expected} in the URL"),
+            ));
+        }
+    }
+
+    let subject = summary.subject.as_ref().map(|s| s.digest.clone());
+    let record = ManifestRecord {
+        digest: digest.clone(),
+        media_type: summary.media_type,
+        artifact_type: summary.artifact_type,
+        subject: subject.clone(),
+        annotations: summary.annotations,
+        content,
+        blobs: summary.blobs,
+        children: summary.children,
+    };
+    state.meta.commit_manifest(repo, &record, &tags).await?;
+    tracing::info!(%repo, %digest, tags = ?tags.iter().map(Tag::as_str).collect::<Vec<_>>(), "manifest committed");
+
+    let mut response = StatusCode::CREATED.into_response();
+    set_header(&mut response, "location", &format!("/v2/{repo}/manifests/{digest}"));
+    set_header(&mut response, "docker-content-digest", digest.as_str());
+    set_header(&mut response, "content-length", "0");
+    if let Some(subject) = subject {
+        set_header(&mut response, "oci-subject", subject.as_str());
+    }
+    for tag in &tags {
+        append_header(&mut response, "oci-tag", tag.as_str());
+    }
+    Ok(response)
+}
+
+pub(super) async fn delete(state: &AppState, repo: &RepoName, target: &Target) -> Result<Response, ApiError> {
+    let existed = match target {
+        Target::Digest(d) => state.meta.delete_manifest(repo, d).await?,
+        Target::Tag(t) => state.meta.delete_tag(repo, t).await?,
+    };
+    if !existed {
+        return Err(manifest_unknown(repo, target));
+    }
+    tracing::info!(%repo, target = ?target, "manifest reference deleted");
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
+/// Reads a request body into memory, refusing it as soon as it passes `limit` bytes.
+async fn read_limited(body: axum::body::Body, limit: u64) -> Result<Vec<u8>, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut content = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(ErrorCode::ManifestInvalid, format!("manifest body was not received whole: {e}"))
+        })?;
+        if content.len() as u64 + chunk.len() as u64 > limit {
+            return Err(too_large(limit));
+        }
+        content.extend_from_slice(&chunk);
+    }
+    Ok(content)
+}
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::SizeInvalid,
+        format!("manifest is larger than this registry's limit of {limit} bytes"),
+    )
+}
+
+fn manifest_unknown(repo: &RepoName, target: &Target) -> ApiError {
+    let what = match target {
+        Target::Digest(d) => d.to_string(),
+        Target::Tag(t) => format!("tag {t}"),
+    };
+    ApiError::not_found(ErrorCode::ManifestUnknown, format!("manifest {what} is not in {repo}"))
+}

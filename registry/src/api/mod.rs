@@ -1,0 +1,166 @@
+//! The Distribution API: one dispatcher that parses the path into an endpoint, then one handler
+//! module per resource.
+
+mod blobs;
+mod listing;
+mod manifests;
+mod sessions;
+mod uploads;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
+
+pub use sessions::Sessions;
+
+use crate::error::{ApiError, ErrorCode};
+use crate::route::{self, Endpoint};
+use crate::AppState;
+
+/// Everything a handler needs from the request, besides the endpoint.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub method: Method,
+    pub query: Query,
+    pub headers: HeaderMap,
+}
+
+/// Decoded query parameters, keeping repeated keys (`?tag=a&tag=b`).
+#[derive(Debug, Default)]
+pub(crate) struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(raw: Option<&str>) -> Self {
+        Query(
+            raw.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+                .unwrap_or_default(),
+        )
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0.iter().filter(move |(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The declared body length, if the client sent a valid `Content-Length`.
+    pub fn content_length(&self) -> Option<u64> {
+        self.header("content-length").and_then(|v| v.trim().parse().ok())
+    }
+}
+
+/// The fallback handler: every `/v2/…` request comes through here.
+pub(crate) async fn dispatch(
+    State(state): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let span = tracing::info_span!("request", %method, path = %uri.path());
+    async move {
+        let (label, mut response) = match route::parse(uri.path()) {
+            None => (
+                "unknown",
+                ApiError::not_found(ErrorCode::Unsupported, format!("no API endpoint at {}", uri.path()))
+                    .into_response(),
+            ),
+            Some(Err(e)) => ("invalid", e.into_response()),
+            Some(Ok(endpoint)) => {
+                let label = endpoint.label();
+                let request = Request {
+                    method: method.clone(),
+                    query: Query::parse(uri.query()),
+                    headers,
+                };
+                let response = handle(&state, endpoint, request, body)
+                    .await
+                    .unwrap_or_else(IntoResponse::into_response);
+                (label, response)
+            }
+        };
+        response.headers_mut().insert(
+            "docker-distribution-api-version",
+            HeaderValue::from_static("registry/2.0"),
+        );
+        let status = response.status();
+        state.metrics.record_request(label, method.as_str(), status.as_u16());
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), elapsed_ms, "request done");
+        }
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+async fn handle(state: &AppState, endpoint: Endpoint, req: Request, body: Body) -> Result<Response, ApiError> {
+    match (endpoint, req.method.clone()) {
+        (Endpoint::Base, Method::GET | Method::HEAD) => Ok(StatusCode::OK.into_response()),
+        (Endpoint::Catalog, Method::GET) => listing::catalog(state, &req).await,
+        (Endpoint::TagsList(repo), Method::GET) => listing::tags(state, &repo, &req).await,
+        (Endpoint::Referrers(repo, digest), Method::GET) => {
+            listing::referrers(state, &repo, &digest, &req).await
+        }
+        (Endpoint::Manifest(repo, target), Method::GET | Method::HEAD) => {
+            manifests::get(state, &repo, &target, &req).await
+        }
+        (Endpoint::Manifest(repo, target), Method::PUT) => {
+            manifests::put(state, &repo, &target, &req, body).await
+        }
+        (Endpoint::Manifest(repo, target), Method::DELETE) => {
+            manifests::delete(state, &repo, &target).await
+        }
+        (Endpoint::Blob(repo, digest), Method::GET | Method::HEAD) => {
+            blobs::get(state, &repo, &digest, &req).await
+        }
+        (Endpoint::Blob(repo, digest), Method::DELETE) => blobs::delete(state, &repo, &digest).await,
+        (Endpoint::UploadStart(repo), Method::POST) => uploads::start(state, &repo, &req, body).await,
+        (Endpoint::Upload(repo, id), Method::GET) => uploads::status(state, &repo, &id).await,
+        (Endpoint::Upload(repo, id), Method::PATCH) => uploads::patch(state, &repo, &id, &req, body).await,
+        (Endpoint::Upload(repo, id), Method::PUT) => uploads::finish(state, &repo, &id, &req, body).await,
+        (Endpoint::Upload(repo, id), Method::DELETE) => uploads::cancel(state, &repo, &id).await,
+        (endpoint, method) => Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            ErrorCode::Unsupported,
+            format!("{method} is not supported on the {} endpoint", endpoint.label()),
+        )),
+    }
+}
+
+/// Adds a header whose value we built ourselves; values that are not valid header text are skipped
+/// rather than failing the response.
+pub(crate) fn set_header(response: &mut Response, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        response.headers_mut().insert(name, v);
+    }
+}
+
+pub(crate) fn append_header(response: &mut Response, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        response.headers_mut().append(name, v);
+    }
+}
+
+#[cfg(test)]
+fn _dispatch_is_send(state: State<Arc<AppState>>, m: Method, u: Uri, h: HeaderMap, b: Body) {
+    fn is_send<T: Send>(_: T) {}
+    is_send(dispatch(state, m, u, h, b));
+}

@@ -1,0 +1,337 @@
+//! Blob uploads: monolithic and chunked pushes, session status, cancel, and cross-repository mount.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use vial_core::{Algorithm, Digest, RepoName};
+
+use super::sessions::{hash_stream, tee_body, HashPipe, HashState};
+use super::{set_header, Request};
+use crate::error::{ApiError, ErrorCode};
+use crate::route::parse_digest;
+use crate::storage::{now_millis, StorageError, UploadSession};
+use crate::AppState;
+
+/// `POST /v2/<name>/blobs/uploads/`: mount, monolithic upload, or a new session.
+pub(super) async fn start(state: &AppState, repo: &RepoName, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+    if let Some(mount) = req.query.get("mount") {
+        let digest = parse_digest(mount)?;
+        if let Some(from) = req.query.get("from").and_then(|f| RepoName::parse(f).ok()) {
+            if let Some(size) = state.meta.mount_blob(&from, repo, &digest).await? {
+                tracing::info!(%digest, %from, to = %repo, size, "blob mounted across repositories");
+                return Ok(created_blob(repo, &digest));
+            }
+        }
+        // The spec's fallback: no mount, but an ordinary session the client can upload into.
+    }
+    let algorithm = match req.query.get("digest-algorithm") {
+        None => Algorithm::Sha256,
+        Some(a) => a.parse().map_err(|_| {
+            ApiError::bad_request(
+                ErrorCode::Unsupported,
+                format!("digest algorithm {a:?} is not supported; use sha256, sha512 or blake3"),
+            )
+        })?,
+    };
+    let monolithic = req.query.get("digest").map(parse_digest).transpose()?;
+
+    let id = uuid::Uuid::new_v4().to_string();
+    state.blobs.create_upload(&id).await?;
+    let now = now_millis();
+    state
+        .meta
+        .create_upload(&UploadSession {
+            id: id.clone(),
+            repository: repo.clone(),
+            created_at: now,
+            updated_at: now,
+        })
+        .await?;
+    state.sessions.start(&id, monolithic.as_ref().map_or(algorithm, Digest::algorithm));
+
+    match monolithic {
+        Some(digest) => {
+            let lock = state.sessions.get(&id);
+            let mut hash = lock.lock().await;
+            let declared = req.content_length();
+            let result = async {
+                append(state, &id, &mut hash, body, Some(0), declared).await?;
+                commit(state, repo, &id, &mut hash, &digest).await
+            }
+            .await;
+            if result.is_err() {
+                // A monolithic upload is one request: nobody can resume it, so do not leave it behind.
+                discard(state, &id).await;
+            }
+            result
+        }
+        None => Ok(session_response(StatusCode::ACCEPTED, repo, &id, 0, Some(state.blobs.min_chunk_length()))),
+    }
+}
+
+/// `GET /v2/<name>/blobs/uploads/<id>`: how much the session holds.
+pub(super) async fn status(state: &AppState, repo: &RepoName, id: &str) -> Result<Response, ApiError> {
+    session(state, repo, id).await?;
+    let size = state
+        .blobs
+        .upload_size(id)
+        .await?
+        .ok_or_else(|| ApiError::upload_unknown(id))?;
+    Ok(session_response(StatusCode::NO_CONTENT, repo, id, size, None))
+}
+
+/// `PATCH /v2/<name>/blobs/uploads/<id>`: append one chunk, in order.
+pub(super) async fn patch(state: &AppState, repo: &RepoName, id: &str, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+    session(state, repo, id).await?;
+    let range = req.header("content-range").map(parse_content_range).transpose()?;
+    let declared = declared_length(&req, range)?;
+    let lock = state.sessions.get(id);
+    let mut hash = lock.lock().await;
+    let size = append(state, id, &mut hash, body, range.map(|r| r.0), declared)
+        .await
+        .map_err(|e| with_session_headers(e, repo, id))?;
+    state.meta.touch_upload(id).await?;
+    Ok(session_response(StatusCode::ACCEPTED, repo, id, size, None))
+}
+
+/// `PUT /v2/<name>/blobs/uploads/<id>?digest=`: optional last chunk, verify, publish.
+pub(super) async fn finish(state: &AppState, repo: &RepoName, id: &str, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+    let digest = req
+        .query
+        .get("digest")
+        .ok_or_else(|| ApiError::bad_request(ErrorCode::DigestInvalid, "the digest query parameter is required to finish an upload"))
+        .and_then(parse_digest)?;
+    session(state, repo, id).await?;
+    let range = req.header("content-range").map(parse_content_range).transpose()?;
+    let declared = declared_length(&req, range)?;
+    let lock = state.sessions.get(id);
+    let mut hash = lock.lock().await;
+    if declared != Some(0) {
+        append(state, id, &mut hash, body, range.map(|r| r.0), declared)
+            .await
+            .map_err(|e| with_session_headers(e, repo, id))?;
+    }
+    commit(state, repo, id, &mut hash, &digest).await
+}
+
+/// `DELETE /v2/<name>/blobs/uploads/<id>`: abandon the session and its bytes.
+pub(super) async fn cancel(state: &AppState, repo: &RepoName, id: &str) -> Result<Response, ApiError> {
+    session(state, repo, id).await?;
+    let lock = state.sessions.get(id);
+    let _held = lock.lock().await;
+    state.blobs.abort_upload(id).await?;
+    state.meta.delete_upload(id).await?;
+    state.sessions.remove(id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn session(state: &AppState, repo: &RepoName, id: &str) -> Result<UploadSession, ApiError> {
+    if uuid::Uuid::parse_str(id).is_err() {
+        return Err(ApiError::upload_unknown(id));
+    }
+    state
+        .meta
+        .get_upload(repo, id)
+        .await?
+        .ok_or_else(|| ApiError::upload_unknown(id))
+}
+
+/// Appends a body at `start` (the session's current size if not given) and keeps the running digest
+/// only if it saw exactly the bytes that were stored.
+async fn append(
+    state: &AppState,
+    id: &str,
+    hash: &mut HashState,
+    body: axum::body::Body,
+    start: Option<u64>,
+    declared_len: Option<u64>,
+) -> Result<u64, ApiError> {
+    let current = state
+        .blobs
+        .upload_size(id)
+        .await?
+        .ok_or_else(|| ApiError::upload_unknown(id))?;
+    if let Some(start) = start {
+        if start != current {
+            return Err(out_of_order(current, start));
+        }
+    }
+    let pipe = match hash.hasher.take() {
+        Some(h) if hash.offset == current => Some(HashPipe::spawn(h)),
+        _ => None,
+    };
+    let stream = tee_body(body, pipe.as_ref(), declared_len, state.metrics.clone());
+    let result = state.blobs.append_upload(id, current, stream).await;
+    let hashed = match pipe {
+        Some(p) => p.finish().await,
+        None => None,
+    };
+    match result {
+        Ok(size) => {
+            match hashed {
+                Some((h, n)) if n == size - current => {
+                    hash.hasher = Some(h);
+                    hash.offset = size;
+                }
+                _ => hash.hasher = None,
+            }
+            Ok(size)
+        }
+        Err(StorageError::BodyFailed(e)) => Err(ApiError::bad_request(
+            ErrorCode::BlobUploadInvalid,
+            format!("upload chunk was not received whole, nothing of it was kept: {e}"),
+        )),
+        Err(StorageError::OffsetMismatch { actual, expected, .. }) => Err(out_of_order(actual, expected)),
+        Err(StorageError::UploadMissing(_)) => Err(ApiError::upload_unknown(id)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Verifies the session's bytes against `digest`, publishes them and links the blob to `repo`.
+async fn commit(
+    state: &AppState,
+    repo: &RepoName,
+    id: &str,
+    hash: &mut HashState,
+    digest: &Digest,
+) -> Result<Response, ApiError> {
+    let size = state
+        .blobs
+        .upload_size(id)
+        .await?
+        .ok_or_else(|| ApiError::upload_unknown(id))?;
+    let computed = match hash.hasher.take() {
+        Some(h) if hash.offset == size && h.algorithm() == digest.algorithm() => h.finish(),
+        _ => {
+            tracing::debug!(upload = id, "running digest unavailable, hashing the upload again");
+            let stream = state.blobs.read_upload(id).await?;
+            hash_stream(stream, digest.algorithm())
+                .await
+                .map_err(|e| ApiError::from(StorageError::io("upload", e)))?
+        }
+    };
+    if &computed != digest {
+        return Err(ApiError::bad_request(
+            ErrorCode::DigestInvalid,
+            format!("uploaded content has digest {computed}, not the {digest} given"),
+        )
+        .with_detail(serde_json::json!({ "expected": digest, "actual": computed })));
+    }
+    let size = state.blobs.commit_upload(id, digest).await?;
+    state.meta.commit_blob(repo, digest, size).await?;
+    state.meta.delete_upload(id).await?;
+    state.sessions.remove(id);
+    tracing::info!(%repo, %digest, size, "blob committed");
+    Ok(created_blob(repo, digest))
+}
+
+/// Best-effort removal of a session nobody will come back to.
+async fn discard(state: &AppState, id: &str) {
+    if let Err(e) = state.blobs.abort_upload(id).await {
+        tracing::warn!(upload = id, error = %e, "could not remove upload data");
+    }
+    if let Err(e) = state.meta.delete_upload(id).await {
+        tracing::warn!(upload = id, error = %e, "could not remove upload session");
+    }
+    state.sessions.remove(id);
+}
+
+/// `Content-Range: <start>-<end>` (inclusive), as chunked uploads send it. A `bytes ` prefix and a
+/// `/<total>` suffix are tolerated since some clients send the RFC 9110 form.
+fn parse_content_range(value: &str) -> Result<(u64, u64), ApiError> {
+    let bad = || {
+        ApiError::new(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            ErrorCode::BlobUploadInvalid,
+            format!("invalid Content-Range {value:?}, expected <start>-<end>"),
+        )
+    };
+    let v = value.trim();
+    let v = v.strip_prefix("bytes ").unwrap_or(v);
+    let v = v.split('/').next().unwrap_or(v);
+    let (start, end) = v.split_once('-').ok_or_else(bad)?;
+    let start: u64 = start.trim().parse().map_err(|_| bad())?;
+    let end: u64 = end.trim().parse().map_err(|_| bad())?;
+    if end < start {
+        return Err(bad());
+    }
+    Ok((start, end))
+}
+
+/// The body length a chunk declares through Content-Range and Content-Length, which must agree.
+fn declared_length(req: &Request, range: Option<(u64, u64)>) -> Result<Option<u64>, ApiError> {
+    let from_range = range.map(|(s, e)| e - s + 1);
+    match (from_range, req.content_length()) {
+        (Some(r), Some(l)) if r != l => Err(ApiError::bad_request(
+            ErrorCode::SizeInvalid,
+            format!("Content-Range covers {r} bytes but Content-Length is {l}"),
+        )),
+        (r, l) => Ok(r.or(l)),
+    }
+}
+
+fn out_of_order(current: u64, start: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        ErrorCode::BlobUploadInvalid,
+        format!("chunk starts at byte {start} but the upload holds {current} bytes; send chunks in order"),
+    )
+    .with_header("range", range_value(current))
+}
+
+fn with_session_headers(mut e: ApiError, repo: &RepoName, id: &str) -> ApiError {
+    if e.status == StatusCode::RANGE_NOT_SATISFIABLE {
+        e.headers.push(("location", upload_location(repo, id)));
+        e.headers.push(("docker-upload-uuid", id.to_owned()));
+    }
+    e
+}
+
+/// `0-<last byte>`; an empty session reports `0-0` as Distribution does, since the header cannot
+/// express an empty range.
+fn range_value(size: u64) -> String {
+    format!("0-{}", size.saturating_sub(1))
+}
+
+fn upload_location(repo: &RepoName, id: &str) -> String {
+    format!("/v2/{repo}/blobs/uploads/{id}")
+}
+
+fn session_response(status: StatusCode, repo: &RepoName, id: &str, size: u64, min_chunk: Option<u64>) -> Response {
+    let mut r = status.into_response();
+    set_header(&mut r, "location", &upload_location(repo, id));
+    set_header(&mut r, "range", &range_value(size));
+    set_header(&mut r, "docker-upload-uuid", id);
+    set_header(&mut r, "content-length", "0");
+    if let Some(min) = min_chunk {
+        set_header(&mut r, "oci-chunk-min-length", &min.to_string());
+    }
+    r
+}
+
+fn created_blob(repo: &RepoName, digest: &Digest) -> Response {
+    let mut r = StatusCode::CREATED.into_response();
+    set_header(&mut r, "location", &format!("/v2/{repo}/blobs/{digest}"));
+    set_header(&mut r, "docker-content-digest", digest.as_str());
+    set_header(&mut r, "content-length", "0");
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_range_forms() {
+        assert_eq!(parse_content_range("0-99").unwrap(), (0, 99));
+        assert_eq!(parse_content_range("bytes 100-199/*").unwrap(), (100, 199));
+        assert!(parse_content_range("5-1").is_err());
+        assert!(parse_content_range("x-1").is_err());
+        assert!(parse_content_range("12").is_err());
+    }
+
+    #[test]
+    fn range_header_of_an_empty_session_is_zero_zero() {
+        assert_eq!(range_value(0), "0-0");
+        assert_eq!(range_value(10), "0-9");
+    }
+}

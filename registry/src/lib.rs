@@ -1,0 +1,149 @@
+//! The vial registry: an OCI Distribution API v1.1 server.
+//!
+//! Start reading at [`serve`], which opens the configured backends and runs the HTTP server until a
+//! shutdown signal; then `api::dispatch`, which turns every `/v2/…` request into a typed
+//! [`route::Endpoint`] and hands it to one handler module per resource. Storage sits behind the
+//! [`storage::BlobStore`] and [`storage::MetadataStore`] traits.
+
+mod api;
+pub mod config;
+pub mod error;
+mod metrics;
+pub mod route;
+pub mod storage;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio::net::TcpListener;
+
+pub use config::{BlobBackend, Config, MetadataBackend};
+use storage::{BlobStore, FsBlobStore, MetadataStore, SqliteMetadataStore, StorageError};
+
+/// Shared state of every request handler.
+#[derive(Debug)]
+pub struct AppState {
+    pub(crate) meta: Arc<dyn MetadataStore>,
+    pub(crate) blobs: Arc<dyn BlobStore>,
+    pub(crate) config: Config,
+    pub(crate) sessions: api::Sessions,
+    pub(crate) metrics: Arc<metrics::Metrics>,
+}
+
+/// Opens the backends named by the configuration. This is the one place that picks implementations.
+pub async fn open_storage(
+    config: &Config,
+) -> Result<(Arc<dyn MetadataStore>, Arc<dyn BlobStore>), StorageError> {
+    let meta: Arc<dyn MetadataStore> = match &config.metadata {
+        MetadataBackend::Sqlite { path } => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                tokio::fs::create_dir_all(dir)
+                    .await
+                    .map_err(|e| StorageError::io(dir, e))?;
+            }
+            Arc::new(SqliteMetadataStore::open(path).await?)
+        }
+    };
+    let blobs: Arc<dyn BlobStore> = match &config.blobs {
+        BlobBackend::Filesystem { root } => Arc::new(FsBlobStore::open(root).await?),
+    };
+    Ok((meta, blobs))
+}
+
+/// Builds the HTTP application over already-open storage.
+pub fn app(config: Config, meta: Arc<dyn MetadataStore>, blobs: Arc<dyn BlobStore>) -> (Router, Arc<AppState>) {
+    let state = Arc::new(AppState {
+        meta,
+        blobs,
+        config,
+        sessions: api::Sessions::default(),
+        metrics: Arc::new(metrics::Metrics::default()),
+    });
+    let router = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready_handler))
+        .fallback(api::dispatch)
+        .with_state(Arc::clone(&state));
+    (router, state)
+}
+
+/// Runs the registry on `listener` until `shutdown` completes, then finishes in-flight requests.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (meta, blobs) = open_storage(&config).await?;
+    let (router, state) = app(config, meta, blobs);
+    let janitor = tokio::spawn(janitor(Arc::clone(&state)));
+    let addr = listener.local_addr().map_err(ServeError::Listen)?;
+    tracing::info!(%addr, "registry listening");
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(ServeError::Listen);
+    janitor.abort();
+    tracing::info!("registry stopped");
+    result
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("could not open storage")]
+    Storage(#[from] StorageError),
+    #[error("http server")]
+    Listen(#[source] std::io::Error),
+}
+
+async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    let uploads = state.meta.count_uploads().await.ok();
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        state.metrics.render(uploads),
+    )
+        .into_response()
+}
+
+async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
+    match state.meta.ping().await {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %error::error_chain(&e), "readiness check failed");
+            (StatusCode::SERVICE_UNAVAILABLE, "metadata store unreachable\n").into_response()
+        }
+    }
+}
+
+/// Discards upload sessions that nobody has touched for the configured time, with their data.
+async fn janitor(state: Arc<AppState>) {
+    let mut tick = tokio::time::interval(state.config.janitor_interval);
+    loop {
+        tick.tick().await;
+        let cutoff = storage::now_millis() - state.config.upload_ttl.as_millis() as i64;
+        match state.meta.stale_uploads(cutoff, 1000).await {
+            Ok(stale) => {
+                for session in stale {
+                    let lock = state.sessions.get(&session.id);
+                    let _held = lock.lock().await;
+                    let removed = async {
+                        state.blobs.abort_upload(&session.id).await?;
+                        state.meta.delete_upload(&session.id).await
+                    }
+                    .await;
+                    state.sessions.remove(&session.id);
+                    match removed {
+                        Ok(()) => tracing::info!(upload = %session.id, repo = %session.repository, "discarded stale upload session"),
+                        Err(e) => tracing::warn!(upload = %session.id, error = %error::error_chain(&e), "could not discard stale upload"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads"),
+        }
+    }
+}

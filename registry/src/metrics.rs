@@ -1,0 +1,56 @@
+//! Prometheus counters for `/metrics`: requests by endpoint, method and status, bytes in and out.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(&'static str, String, u16), u64>>,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
+impl Metrics {
+    pub fn record_request(&self, endpoint: &'static str, method: &str, status: u16) {
+        if let Ok(mut map) = self.requests.lock() {
+            *map.entry((endpoint, method.to_owned(), status)).or_default() += 1;
+        }
+    }
+
+    pub fn add_bytes_in(&self, n: u64) {
+        self.bytes_in.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn add_bytes_out(&self, n: u64) {
+        self.bytes_out.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The text exposition format, with the gauge of open upload sessions read at scrape time.
+    pub fn render(&self, uploads_open: Option<u64>) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP vial_http_requests_total HTTP requests by API endpoint, method and status.\n");
+        out.push_str("# TYPE vial_http_requests_total counter\n");
+        if let Ok(map) = self.requests.lock() {
+            for ((endpoint, method, status), n) in map.iter() {
+                let _ = writeln!(
+                    out,
+                    "vial_http_requests_total{{endpoint=\"{endpoint}\",method=\"{method}\",status=\"{status}\"}} {n}"
+                );
+            }
+        }
+        out.push_str("# HELP vial_bytes_received_total Blob bytes received in uploads.\n");
+        out.push_str("# TYPE vial_bytes_received_total counter\n");
+        let _ = writeln!(out, "vial_bytes_received_total {}", self.bytes_in.load(Ordering::Relaxed));
+        out.push_str("# HELP vial_bytes_sent_total Blob bytes sent in downloads.\n");
+        out.push_str("# TYPE vial_bytes_sent_total counter\n");
+        let _ = writeln!(out, "vial_bytes_sent_total {}", self.bytes_out.load(Ordering::Relaxed));
+        if let Some(n) = uploads_open {
+            out.push_str("# HELP vial_upload_sessions_open Upload sessions started and not yet finished.\n");
+            out.push_str("# TYPE vial_upload_sessions_open gauge\n");
+            let _ = writeln!(out, "vial_upload_sessions_open {n}");
+        }
+        out
+    }
+}

@@ -1,0 +1,80 @@
+//! The blob store facade: content-addressed bytes, and upload sessions that become blobs.
+
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::Stream;
+use vial_core::Digest;
+
+use super::StorageError;
+
+/// A stream of body bytes, as read from a request or a stored blob.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
+
+/// A half-open byte range `[start, end)` inside a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl ByteRange {
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start >= self.end
+    }
+}
+
+/// Where blob bytes live.
+///
+/// Upload sessions are named by opaque ids the registry allocates. Bytes are appended to a session,
+/// the registry verifies the digest of what was appended, and only then asks the store to publish the
+/// session under that digest, atomically: a reader sees either no blob or the whole verified blob.
+#[async_trait]
+pub trait BlobStore: Send + Sync + std::fmt::Debug {
+    /// The blob's size, or `None` when it is not stored.
+    async fn stat(&self, digest: &Digest) -> Result<Option<u64>, StorageError>;
+
+    /// Streams a blob, or the given range of it. The caller has checked the range against the size.
+    async fn read(
+        &self,
+        digest: &Digest,
+        range: Option<ByteRange>,
+    ) -> Result<Option<ByteStream>, StorageError>;
+
+    /// Removes a blob's bytes. Returns whether anything was there.
+    async fn delete(&self, digest: &Digest) -> Result<bool, StorageError>;
+
+    /// The smallest chunk, except the last, that this store wants in a chunked upload.
+    fn min_chunk_length(&self) -> u64;
+
+    /// Starts an empty upload session.
+    async fn create_upload(&self, id: &str) -> Result<(), StorageError>;
+
+    /// Bytes received so far by a session, or `None` if the session has no data in the store.
+    async fn upload_size(&self, id: &str) -> Result<Option<u64>, StorageError>;
+
+    /// Appends `body` to a session that currently holds exactly `offset` bytes and returns the new
+    /// size. If the body fails midway the session is put back to `offset`, so a failed chunk can be
+    /// sent again.
+    async fn append_upload(
+        &self,
+        id: &str,
+        offset: u64,
+        body: ByteStream,
+    ) -> Result<u64, StorageError>;
+
+    /// Streams what a session holds, to hash it again when the incremental hash state was lost.
+    async fn read_upload(&self, id: &str) -> Result<ByteStream, StorageError>;
+
+    /// Publishes a session's bytes as the blob `digest`, which the caller has verified, and removes the
+    /// session. Durable when it returns.
+    async fn commit_upload(&self, id: &str, digest: &Digest) -> Result<u64, StorageError>;
+
+    /// Discards a session's bytes. Missing sessions are not an error.
+    async fn abort_upload(&self, id: &str) -> Result<(), StorageError>;
+}

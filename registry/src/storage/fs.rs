@@ -1,0 +1,248 @@
+//! The filesystem blob store: one file per blob under `blobs/<algorithm>/<xx>/<hex>`, uploads under
+//! `uploads/<id>`, published by fsync and rename so a crash leaves either no blob or a whole one.
+
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::mpsc;
+use tokio_util::io::ReaderStream;
+use vial_core::Digest;
+
+use super::{BlobStore, ByteRange, ByteStream, StorageError};
+
+/// Size of the reads that feed a blob GET. Large reads keep syscalls off the profile.
+const READ_CHUNK: usize = 256 * 1024;
+/// Body frames buffered between the network and the writer thread of one upload.
+const WRITE_QUEUE: usize = 64;
+
+#[derive(Debug, Clone)]
+pub struct FsBlobStore {
+    root: PathBuf,
+}
+
+impl FsBlobStore {
+    /// Opens (creating if needed) a store rooted at `root`.
+    pub async fn open(root: impl Into<PathBuf>) -> Result<Self, StorageError> {
+        let root = root.into();
+        for dir in [root.join("blobs"), root.join("uploads")] {
+            tokio::fs::create_dir_all(&dir)
+                .await
+                .map_err(|e| StorageError::io(&dir, e))?;
+        }
+        Ok(FsBlobStore { root })
+    }
+
+    fn blob_path(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.hex();
+        self.root
+            .join("blobs")
+            .join(digest.algorithm().as_str())
+            .join(&hex[..2])
+            .join(hex)
+    }
+
+    fn upload_path(&self, id: &str) -> Result<PathBuf, StorageError> {
+        // The registry only hands out UUIDs; refuse anything else so an id can never name a path
+        // outside the uploads directory.
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return Err(StorageError::UploadMissing(id.to_owned()));
+        }
+        Ok(self.root.join("uploads").join(id))
+    }
+}
+
+fn not_found_is_none<T>(r: std::io::Result<T>, path: &Path) -> Result<Option<T>, StorageError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StorageError::io(path, e)),
+    }
+}
+
+#[async_trait]
+impl BlobStore for FsBlobStore {
+    async fn stat(&self, digest: &Digest) -> Result<Option<u64>, StorageError> {
+        let path = self.blob_path(digest);
+        Ok(not_found_is_none(tokio::fs::metadata(&path).await, &path)?.map(|m| m.len()))
+    }
+
+    async fn read(
+        &self,
+        digest: &Digest,
+        range: Option<ByteRange>,
+    ) -> Result<Option<ByteStream>, StorageError> {
+        let path = self.blob_path(digest);
+        let Some(mut file) = not_found_is_none(tokio::fs::File::open(&path).await, &path)? else {
+            return Ok(None);
+        };
+        let stream: ByteStream = match range {
+            Some(r) => {
+                file.seek(SeekFrom::Start(r.start))
+                    .await
+                    .map_err(|e| StorageError::io(&path, e))?;
+                Box::pin(ReaderStream::with_capacity(file.take(r.len()), READ_CHUNK))
+            }
+            None => Box::pin(ReaderStream::with_capacity(file, READ_CHUNK)),
+        };
+        Ok(Some(stream))
+    }
+
+    async fn delete(&self, digest: &Digest) -> Result<bool, StorageError> {
+        let path = self.blob_path(digest);
+        Ok(not_found_is_none(tokio::fs::remove_file(&path).await, &path)?.is_some())
+    }
+
+    fn min_chunk_length(&self) -> u64 {
+        // Files take appends of any size.
+        1
+    }
+
+    async fn create_upload(&self, id: &str) -> Result<(), StorageError> {
+        let path = self.upload_path(id)?;
+        tokio::fs::File::create(&path)
+            .await
+            .map_err(|e| StorageError::io(&path, e))?;
+        Ok(())
+    }
+
+    async fn upload_size(&self, id: &str) -> Result<Option<u64>, StorageError> {
+        let path = self.upload_path(id)?;
+        Ok(not_found_is_none(tokio::fs::metadata(&path).await, &path)?.map(|m| m.len()))
+    }
+
+    async fn append_upload(
+        &self,
+        id: &str,
+        offset: u64,
+        mut body: ByteStream,
+    ) -> Result<u64, StorageError> {
+        let path = self.upload_path(id)?;
+        // Writes run on a blocking thread fed by a bounded queue, so the executor never blocks on
+        // the disk and memory stays bounded by the queue whatever the blob size.
+        let (tx, mut rx) = mpsc::channel::<Bytes>(WRITE_QUEUE);
+        let writer_path = path.clone();
+        let writer = tokio::task::spawn_blocking(move || -> Result<u64, StorageError> {
+            let io = |e| StorageError::io(&writer_path, e);
+            let mut file = match std::fs::OpenOptions::new().write(true).open(&writer_path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(StorageError::UploadMissing(id_of(&writer_path)));
+                }
+                Err(e) => return Err(io(e)),
+            };
+            let actual = file.metadata().map_err(io)?.len();
+            if actual != offset {
+                return Err(StorageError::OffsetMismatch {
+                    id: id_of(&writer_path),
+                    expected: offset,
+                    actual,
+                });
+            }
+            file.seek(SeekFrom::Start(offset)).map_err(io)?;
+            let mut written = offset;
+            while let Some(bytes) = rx.blocking_recv() {
+                if let Err(e) = file.write_all(&bytes) {
+                    let _ = file.set_len(offset);
+                    return Err(io(e));
+                }
+                written += bytes.len() as u64;
+            }
+            Ok(written)
+        });
+
+        let mut body_error = None;
+        while let Some(item) = body.next().await {
+            match item {
+                Ok(bytes) => {
+                    if tx.send(bytes).await.is_err() {
+                        break; // The writer failed; its error is reported below.
+                    }
+                }
+                Err(e) => {
+                    body_error = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let written = writer
+            .await
+            .map_err(|e| StorageError::io(&path, std::io::Error::other(e)))??;
+        if let Some(e) = body_error {
+            // Put the session back where it was, so the client can resend the chunk.
+            let rollback = path.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&rollback)
+                    .and_then(|f| f.set_len(offset))
+            })
+            .await;
+            return Err(StorageError::BodyFailed(e));
+        }
+        Ok(written)
+    }
+
+    async fn read_upload(&self, id: &str) -> Result<ByteStream, StorageError> {
+        let path = self.upload_path(id)?;
+        match not_found_is_none(tokio::fs::File::open(&path).await, &path)? {
+            Some(file) => Ok(Box::pin(ReaderStream::with_capacity(file, READ_CHUNK))),
+            None => Err(StorageError::UploadMissing(id.to_owned())),
+        }
+    }
+
+    async fn commit_upload(&self, id: &str, digest: &Digest) -> Result<u64, StorageError> {
+        let from = self.upload_path(id)?;
+        let to = self.blob_path(digest);
+        let id = id.to_owned();
+        tokio::task::spawn_blocking(move || publish(&id, &from, &to))
+            .await
+            .map_err(|e| StorageError::io("commit", std::io::Error::other(e)))?
+    }
+
+    async fn abort_upload(&self, id: &str) -> Result<(), StorageError> {
+        let path = self.upload_path(id)?;
+        not_found_is_none(tokio::fs::remove_file(&path).await, &path)?;
+        Ok(())
+    }
+}
+
+fn id_of(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// fsync the upload, rename it into place and fsync the directory, so the blob survives a crash once
+/// this returns and is never seen half-written before.
+fn publish(id: &str, from: &Path, to: &Path) -> Result<u64, StorageError> {
+    let file = match std::fs::File::open(from) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StorageError::UploadMissing(id.to_owned()))
+        }
+        Err(e) => return Err(StorageError::io(from, e)),
+    };
+    let size = file.metadata().map_err(|e| StorageError::io(from, e))?.len();
+    if let Ok(existing) = std::fs::metadata(to) {
+        if existing.len() == size {
+            // Same digest, same bytes: already published by an earlier upload.
+            std::fs::remove_file(from).map_err(|e| StorageError::io(from, e))?;
+            return Ok(size);
+        }
+    }
+    file.sync_all().map_err(|e| StorageError::io(from, e))?;
+    let dir = to
+        .parent()
+        .ok_or_else(|| StorageError::Corrupt(format!("blob path {} has no parent", to.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| StorageError::io(dir, e))?;
+    std::fs::rename(from, to).map_err(|e| StorageError::io(to, e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StorageError::io(dir, e))?;
+    Ok(size)
+}

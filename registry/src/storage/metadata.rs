@@ -1,0 +1,162 @@
+//! The metadata store facade: repositories, blob links, manifests, tags and upload sessions, with one
+//! method per use case and one transaction per method.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use vial_core::manifest::Descriptor;
+use vial_core::{Digest, RepoName, Tag, Target};
+
+use super::StorageError;
+
+/// A manifest ready to be committed: its bytes and what the registry learnt by parsing them.
+#[derive(Debug, Clone)]
+pub struct ManifestRecord {
+    pub digest: Digest,
+    pub media_type: String,
+    pub artifact_type: Option<String>,
+    pub subject: Option<Digest>,
+    pub annotations: Option<BTreeMap<String, String>>,
+    pub content: Vec<u8>,
+    /// Blobs that must be linked to the repository (config and layers).
+    pub blobs: Vec<Digest>,
+    /// Manifests that must already be in the repository (an index's children).
+    pub children: Vec<Digest>,
+}
+
+/// A manifest as stored.
+#[derive(Debug, Clone)]
+pub struct StoredManifest {
+    pub digest: Digest,
+    pub media_type: String,
+    pub content: Vec<u8>,
+}
+
+/// Why a manifest could not be committed, other than a backend failure.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitManifestError {
+    #[error("manifest references blobs the repository does not hold: {}", list(.0))]
+    MissingBlobs(Vec<Digest>),
+    #[error("index references manifests the repository does not hold: {}", list(.0))]
+    MissingManifests(Vec<Digest>),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+fn list(digests: &[Digest]) -> String {
+    digests
+        .iter()
+        .map(Digest::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl From<sqlx::Error> for CommitManifestError {
+    fn from(e: sqlx::Error) -> Self {
+        CommitManifestError::Storage(e.into())
+    }
+}
+
+/// An upload session's metadata. Its bytes are in the blob store under the same id.
+#[derive(Debug, Clone)]
+pub struct UploadSession {
+    pub id: String,
+    pub repository: RepoName,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// One page of a sorted listing, and whether more follow it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub items: Vec<String>,
+    pub more: bool,
+}
+
+#[async_trait]
+pub trait MetadataStore: Send + Sync + std::fmt::Debug {
+    /// The size of a blob if it is linked to `repo`.
+    async fn blob_in_repo(&self, repo: &RepoName, digest: &Digest)
+        -> Result<Option<u64>, StorageError>;
+
+    /// Records a verified blob and links it to `repo`.
+    async fn commit_blob(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<(), StorageError>;
+
+    /// Links a blob held by `from` to `to` (cross-repository mount). Returns its size, or `None` when
+    /// `from` does not hold it.
+    async fn mount_blob(
+        &self,
+        from: &RepoName,
+        to: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<u64>, StorageError>;
+
+    /// Removes a blob's link from `repo`. Returns whether it was linked.
+    async fn unlink_blob(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError>;
+
+    async fn create_upload(&self, session: &UploadSession) -> Result<(), StorageError>;
+    async fn get_upload(
+        &self,
+        repo: &RepoName,
+        id: &str,
+    ) -> Result<Option<UploadSession>, StorageError>;
+    async fn touch_upload(&self, id: &str) -> Result<(), StorageError>;
+    async fn delete_upload(&self, id: &str) -> Result<(), StorageError>;
+    /// Sessions not touched since `before_millis`, oldest first.
+    async fn stale_uploads(
+        &self,
+        before_millis: i64,
+        limit: u32,
+    ) -> Result<Vec<UploadSession>, StorageError>;
+    async fn count_uploads(&self) -> Result<u64, StorageError>;
+
+    /// Stores a manifest and points `tags` at it, after checking that everything it references is in
+    /// the repository.
+    async fn commit_manifest(
+        &self,
+        repo: &RepoName,
+        manifest: &ManifestRecord,
+        tags: &[Tag],
+    ) -> Result<(), CommitManifestError>;
+
+    async fn get_manifest(
+        &self,
+        repo: &RepoName,
+        target: &Target,
+    ) -> Result<Option<StoredManifest>, StorageError>;
+
+    /// Deletes a manifest and every tag pointing at it. Returns whether it existed.
+    async fn delete_manifest(&self, repo: &RepoName, digest: &Digest)
+        -> Result<bool, StorageError>;
+
+    /// Deletes a tag, leaving its manifest. Returns whether it existed.
+    async fn delete_tag(&self, repo: &RepoName, tag: &Tag) -> Result<bool, StorageError>;
+
+    /// Tags of `repo` in lexical order after `last`, or `None` when the repository is unknown.
+    async fn list_tags(
+        &self,
+        repo: &RepoName,
+        last: Option<&str>,
+        limit: u32,
+    ) -> Result<Option<Page>, StorageError>;
+
+    /// Repository names in lexical order after `last`.
+    async fn list_repositories(&self, last: Option<&str>, limit: u32)
+        -> Result<Page, StorageError>;
+
+    /// Manifests in `repo` whose subject is `subject`, optionally only those of one artifact type.
+    async fn referrers(
+        &self,
+        repo: &RepoName,
+        subject: &Digest,
+        artifact_type: Option<&str>,
+    ) -> Result<Vec<Descriptor>, StorageError>;
+
+    /// Whether the backend answers, for readiness probes.
+    async fn ping(&self) -> Result<(), StorageError>;
+}

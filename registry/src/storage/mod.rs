@@ -1,0 +1,74 @@
+//! The two storage facades every backend implements: a blob store for bytes and a metadata store for
+//! everything else.
+//!
+//! The registry only ever talks to `Arc<dyn BlobStore>` and `Arc<dyn MetadataStore>`; the backend is
+//! chosen once, at start-up, from the configured URL scheme. Metadata methods are named for use cases
+//! and each runs as one transaction, so a crash between two of them never leaves a half-done change.
+
+mod blob;
+mod fs;
+mod metadata;
+mod sqlite;
+
+pub use blob::{BlobStore, ByteRange, ByteStream};
+pub use fs::FsBlobStore;
+pub use metadata::{
+    CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, UploadSession,
+};
+pub use sqlite::SqliteMetadataStore;
+
+/// A failure of a storage backend. These are internal: they are logged in full and reach clients
+/// only as a generic 5xx.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("blob store i/o at {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metadata database")]
+    Database(#[from] sqlx::Error),
+    #[error("metadata migration")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("request body failed")]
+    BodyFailed(#[source] std::io::Error),
+    #[error("upload session {0} has no data in the blob store")]
+    UploadMissing(String),
+    #[error("upload session {id} is at offset {actual}, not {expected}")]
+    OffsetMismatch { id: String, expected: u64, actual: u64 },
+    #[error("stored data is inconsistent: {0}")]
+    Corrupt(String),
+}
+
+impl StorageError {
+    pub(crate) fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            path: path.as_ref().display().to_string(),
+            source,
+        }
+    }
+
+    /// Whether the backend is unreachable (the client should retry later) rather than broken.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StorageError::Database(e) => matches!(
+                e,
+                sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)
+            ),
+            StorageError::Io { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// Current time as Unix milliseconds, the timestamp format of every metadata table.
+pub(crate) fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

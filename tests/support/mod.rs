@@ -1,0 +1,1 @@
+//! Helpers shared by the integration tests: starting servers on free ports and finding peers.
