@@ -1,3 +1,15 @@
-//! Integration tests: the real `vial` binary, driven over HTTP and by real registry clients.
+//! Integration tests: the real `vial` binary, driven over HTTP and by real registry clients
+//! (skopeo, the ORAS Python SDK, Debian's docker-registry).
+//!
+//! Tests that need a peer skip when it is missing, unless VIAL_TEST_REQUIRE_ALL=1 (as in CI), where
+//! a missing peer fails the run.
 
 mod support;
+
+mod bad_input;
+mod conformance;
+mod crash;
+mod docker_registry;
+mod oras;
+mod serve;
+mod skopeo;

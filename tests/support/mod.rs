@@ -1,1 +1,278 @@
-//! Helpers shared by the integration tests: starting servers on free ports and finding peers.
+//! Helpers shared by the integration tests: starting `vial serve` and peer servers on free ports, and
+//! finding the peer tools the tests drive.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub mod oci;
+
+/// The `vial` binary built for this test run.
+pub fn vial_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vial"))
+}
+
+/// Whether tests that need a missing peer must fail instead of skipping (set in CI).
+pub fn require_all() -> bool {
+    std::env::var("VIAL_TEST_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// Finds a peer program. Without it the calling test is skipped, or fails under
+/// VIAL_TEST_REQUIRE_ALL=1, so CI can never pass by skipping.
+pub fn peer(program: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            !require_all(),
+            "{program} is required (VIAL_TEST_REQUIRE_ALL=1) but not on PATH"
+        );
+        eprintln!("SKIP: {program} not found on PATH");
+    }
+    found
+}
+
+/// The Python interpreter of the repository's virtualenv with the ORAS SDK, if set up.
+pub fn oras_python() -> Option<PathBuf> {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    let ok = python.is_file()
+        && Command::new(&python)
+            .args(["-c", "import oras.client"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            !require_all(),
+            "the ORAS Python SDK is required (VIAL_TEST_REQUIRE_ALL=1): run .ci/run or create .venv with `pip install oras`"
+        );
+        eprintln!("SKIP: .venv with the oras package not found");
+        return None;
+    }
+    Some(python)
+}
+
+/// A `vial serve` process on a free loopback port, stopped with SIGTERM when dropped.
+#[derive(Debug)]
+pub struct Server {
+    child: Child,
+    pub addr: String,
+    pub data: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Starts a registry with a fresh data directory.
+    pub fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut s = Server::start_on(&data, &[]);
+        s._dir = Some(dir);
+        s
+    }
+
+    /// Starts a registry on an existing data directory, with extra `vial serve` arguments.
+    pub fn start_on(data: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(vial_bin())
+            .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .args(extra)
+            .env("VIAL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start vial serve");
+        // The server prints its bound address once it listens: no polling, no sleeping.
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .filter(|a| a.contains(':'))
+            .unwrap_or_else(|| panic!("unexpected first line from vial serve: {line:?}"))
+            .to_owned();
+        Server {
+            child,
+            addr,
+            data: data.to_owned(),
+            _dir: None,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: the process gets no chance to clean up.
+    pub fn kill_hard(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait for a clean exit; returns the exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), "TERM");
+        wait_timeout(&mut self.child, Duration::from_secs(20)).expect("vial serve did not stop on SIGTERM")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.child.id(), "TERM");
+            if wait_timeout(&mut self.child, Duration::from_secs(10)).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+    }
+}
+
+pub fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+}
+
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A free loopback port for a peer server that cannot be told to pick one itself.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls a peer's URL until it answers (peers like docker-registry print nothing machine-readable).
+pub fn wait_http(url: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let client = reqwest::blocking::Client::new();
+    while Instant::now() < deadline {
+        if client.get(url).send().is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{url} did not answer within {timeout:?}");
+}
+
+/// Debian's `docker-registry` (CNCF Distribution 2.8) on a free port, killed when dropped.
+pub struct DockerRegistry {
+    child: Child,
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl DockerRegistry {
+    pub fn start() -> Option<DockerRegistry> {
+        let bin = peer("docker-registry")?;
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  delete: {{enabled: true}}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        let addr = format!("127.0.0.1:{port}");
+        wait_http(&format!("http://{addr}/v2/"), Duration::from_secs(20));
+        Some(DockerRegistry { child, addr, _dir: dir })
+    }
+}
+
+impl Drop for DockerRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("could not run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Pushes a blob monolithically and returns its digest.
+pub fn push_blob(client: &reqwest::blocking::Client, base: &str, repo: &str, bytes: &[u8]) -> vial_core::Digest {
+    let digest = vial_core::Algorithm::Sha256.digest_bytes(bytes);
+    let resp = client
+        .post(format!("{base}/v2/{repo}/blobs/uploads/?digest={digest}"))
+        .header("content-type", "application/octet-stream")
+        .body(bytes.to_vec())
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 201, "push of {digest} to {repo}: {}", resp.text().unwrap_or_default());
+    digest
+}
+
+/// Pushes an image manifest over the given layers (config = the OCI empty blob, pushed here).
+pub fn push_manifest(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    repo: &str,
+    reference: &str,
+    layers: &[(vial_core::Digest, usize)],
+) -> (vial_core::Digest, Vec<u8>) {
+    push_blob(client, base, repo, b"{}");
+    let layers: Vec<_> = layers
+        .iter()
+        .map(|(d, size)| serde_json::json!({"mediaType": "application/octet-stream", "digest": d, "size": size}))
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": vial_core::media::OCI_MANIFEST,
+        "config": {"mediaType": vial_core::media::OCI_EMPTY, "digest": vial_core::media::OCI_EMPTY_DIGEST, "size": 2},
+        "layers": layers,
+    }))
+    .unwrap();
+    let resp = client
+        .put(format!("{base}/v2/{repo}/manifests/{reference}"))
+        .header("content-type", vial_core::media::OCI_MANIFEST)
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 201, "manifest push: {}", resp.text().unwrap_or_default());
+    (vial_core::Algorithm::Sha256.digest_bytes(&body), body)
+}

@@ -1,0 +1,182 @@
+//! A registry killed with SIGKILL at a random moment, under concurrent pushes, restarts with every
+//! acknowledged blob and manifest intact and nothing partial visible.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use vial_core::{Algorithm, Digest};
+
+use crate::support::{oci::pseudo_random, Server};
+
+#[derive(Default)]
+struct Ledger {
+    /// Blobs the server acknowledged with 201: (repo, digest) → seed and size to regenerate them.
+    committed: HashMap<(String, Digest), (u64, usize)>,
+    /// Blobs whose upload was under way when the server died.
+    in_flight: HashMap<(String, Digest), (u64, usize)>,
+    /// Manifests acknowledged with 201: (repo, tag) → (digest, bytes).
+    manifests: Vec<(String, String, Digest, Vec<u8>)>,
+}
+
+fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: Arc<Mutex<Ledger>>) {
+    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let repo = format!("crash/w{worker}");
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let blob_seed = seed ^ (worker << 32) ^ n;
+        let size = (blob_seed % (3 << 20)) as usize;
+        let data = pseudo_random(size, blob_seed);
+        let digest = Algorithm::Sha256.digest_bytes(&data);
+        let key = (repo.clone(), digest.clone());
+        ledger.lock().unwrap().in_flight.insert(key.clone(), (blob_seed, size));
+        let Ok(acknowledged) = upload_chunked(&client, &base, &repo, &data, &digest, blob_seed) else { return };
+        if !acknowledged {
+            return;
+        }
+        {
+            let mut l = ledger.lock().unwrap();
+            l.in_flight.remove(&key);
+            l.committed.insert(key, (blob_seed, size));
+        }
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": vial_core::media::OCI_MANIFEST,
+            "config": {"mediaType": "application/octet-stream", "digest": digest, "size": size},
+            "layers": [],
+        }))
+        .unwrap();
+        let tag = format!("t{}", n % 3);
+        let Ok(resp) = client
+            .put(format!("{base}/v2/{repo}/manifests/{tag}"))
+            .header("content-type", vial_core::media::OCI_MANIFEST)
+            .body(manifest.clone())
+            .send()
+        else {
+            return;
+        };
+        if resp.status() == 201 {
+            let d = Algorithm::Sha256.digest_bytes(&manifest);
+            ledger.lock().unwrap().manifests.push((repo.clone(), tag, d, manifest));
+        }
+    }
+}
+
+/// Uploads with a POST, several PATCHes and a PUT. Ok(true) once acknowledged.
+fn upload_chunked(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    repo: &str,
+    data: &[u8],
+    digest: &Digest,
+    seed: u64,
+) -> Result<bool, reqwest::Error> {
+    let start = client.post(format!("{base}/v2/{repo}/blobs/uploads/")).send()?;
+    let Some(location) = start.headers().get("location").and_then(|l| l.to_str().ok()) else { return Ok(false) };
+    let location = format!("{base}{location}");
+    let chunk = 256 * 1024 + (seed % 100_000) as usize;
+    let mut offset = 0;
+    while offset + chunk < data.len() {
+        let resp = client
+            .patch(&location)
+            .header("content-range", format!("{}-{}", offset, offset + chunk - 1))
+            .body(data[offset..offset + chunk].to_vec())
+            .send()?;
+        if resp.status() != 202 {
+            return Ok(false);
+        }
+        offset += chunk;
+    }
+    let resp = client
+        .put(format!("{location}?digest={digest}"))
+        .body(data[offset..].to_vec())
+        .send()?;
+    Ok(resp.status() == 201)
+}
+
+fn verify(server: &Server, ledger: &Ledger) {
+    let client = reqwest::blocking::Client::new();
+    let base = server.url();
+    for ((repo, digest), (seed, size)) in &ledger.committed {
+        let resp = client.get(format!("{base}/v2/{repo}/blobs/{digest}")).send().unwrap();
+        assert_eq!(resp.status(), 200, "acknowledged blob {digest} in {repo} was lost");
+        let body = resp.bytes().unwrap();
+        assert_eq!(body.len(), *size);
+        assert_eq!(&Algorithm::Sha256.digest_bytes(&body), digest, "acknowledged blob {digest} is corrupt");
+        let _ = seed;
+    }
+    for ((repo, digest), _) in &ledger.in_flight {
+        let resp = client.get(format!("{base}/v2/{repo}/blobs/{digest}")).send().unwrap();
+        match resp.status().as_u16() {
+            404 => {}
+            200 => {
+                let body = resp.bytes().unwrap();
+                assert_eq!(&Algorithm::Sha256.digest_bytes(&body), digest, "partial blob {digest} is visible");
+            }
+            other => panic!("in-flight blob {digest}: unexpected status {other}"),
+        }
+    }
+    for (repo, _tag, digest, bytes) in &ledger.manifests {
+        let resp = client.get(format!("{base}/v2/{repo}/manifests/{digest}")).send().unwrap();
+        assert_eq!(resp.status(), 200, "acknowledged manifest {digest} was lost");
+        assert_eq!(resp.bytes().unwrap().as_ref(), bytes.as_slice());
+    }
+    // Every tag must resolve to a manifest whose content matches its digest.
+    for worker in 0..4 {
+        for t in 0..3 {
+            let resp = client.get(format!("{base}/v2/crash/w{worker}/manifests/t{t}")).send().unwrap();
+            if resp.status() == 200 {
+                let d = resp.headers()["docker-content-digest"].to_str().unwrap().to_owned();
+                let body = resp.bytes().unwrap();
+                assert_eq!(Algorithm::Sha256.digest_bytes(&body).as_str(), d);
+            } else {
+                assert_eq!(resp.status(), 404);
+            }
+        }
+    }
+    // No blob file on disk may hold bytes that do not match its name.
+    let blobs = server.data.join("blobs/sha256");
+    if let Ok(prefixes) = std::fs::read_dir(&blobs) {
+        for prefix in prefixes {
+            for file in std::fs::read_dir(prefix.unwrap().path()).unwrap() {
+                let path = file.unwrap().path();
+                let bytes = std::fs::read(&path).unwrap();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                assert_eq!(Algorithm::Sha256.digest_bytes(&bytes).hex(), name, "corrupt blob file {}", path.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("crash test seed {seed}");
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    for round in 0..4u64 {
+        let server = Server::start_on(&data, &[]);
+        verify(&server, &ledger.lock().unwrap());
+        ledger.lock().unwrap().in_flight.clear();
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                let (base, stop, ledger) = (server.url(), stop.clone(), ledger.clone());
+                std::thread::spawn(move || pusher(base, w, seed.wrapping_add(round * 1000), stop, ledger))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300 + (seed.wrapping_add(round * 7919)) % 900));
+        server.kill_hard();
+        stop.store(true, Ordering::Relaxed);
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+    let server = Server::start_on(&data, &[]);
+    let l = ledger.lock().unwrap();
+    assert!(!l.committed.is_empty(), "no push completed: the test exercised nothing");
+    verify(&server, &l);
+}
