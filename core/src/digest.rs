@@ -80,7 +80,10 @@ pub enum DigestError {
     #[error("unsupported digest algorithm {0:?}")]
     UnsupportedAlgorithm(String),
     #[error("digest {digest:?} has an encoded part of the wrong length or case for {algorithm}")]
-    BadEncoding { digest: String, algorithm: Algorithm },
+    BadEncoding {
+        digest: String,
+        algorithm: Algorithm,
+    },
 }
 
 /// A validated content digest such as `sha256:e3b0…`.
@@ -191,8 +194,7 @@ fn is_algorithm_grammar(s: &str) -> bool {
 /// `[a-zA-Z0-9=_-]+`, the image-spec's encoded grammar.
 fn is_encoded_grammar(s: &str) -> bool {
     !s.is_empty()
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'=' || b == b'_' || b == b'-')
 }
 

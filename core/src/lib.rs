@@ -7,11 +7,14 @@
 //! has already been checked against the grammar of the OCI distribution specification, so code that
 //! receives one never re-validates it.
 
+pub mod chunking;
 mod digest;
 pub mod manifest;
 pub mod media;
 mod name;
 mod reference;
+pub mod safetensors;
+pub mod volume;
 
 pub use digest::{Algorithm, Digest, DigestError, DigestHasher};
 pub use name::{NameError, RepoName, Tag};

@@ -108,10 +108,15 @@ struct Probe {
 }
 
 /// Parses a manifest pushed with the given `Content-Type` (if any) and summarises it.
-pub fn summarize(content_type: Option<&str>, bytes: &[u8]) -> Result<ManifestSummary, ManifestError> {
+pub fn summarize(
+    content_type: Option<&str>,
+    bytes: &[u8],
+) -> Result<ManifestSummary, ManifestError> {
     let header = content_type
         .map(|ct| ct.split(';').next().unwrap_or("").trim())
-        .filter(|ct| !ct.is_empty() && *ct != "application/json" && *ct != "application/octet-stream");
+        .filter(|ct| {
+            !ct.is_empty() && *ct != "application/json" && *ct != "application/octet-stream"
+        });
     let probe: Probe = serde_json::from_slice(bytes).map_err(|e| ManifestError::Malformed {
         media_type: header.unwrap_or("manifest").to_owned(),
         reason: e.to_string(),
@@ -207,7 +212,10 @@ mod tests {
         let s = summarize(Some(media::OCI_MANIFEST), manifest_json("").as_bytes()).unwrap();
         assert_eq!(s.kind, ManifestKind::Image);
         assert_eq!(s.blobs.len(), 2);
-        assert_eq!(s.artifact_type.as_deref(), Some("application/vnd.vial.test"));
+        assert_eq!(
+            s.artifact_type.as_deref(),
+            Some("application/vnd.vial.test")
+        );
         assert!(s.subject.is_none());
     }
 

@@ -154,7 +154,8 @@ fn is_host(h: &str) -> bool {
         Some((host, port)) => (host, Some(port)),
         None => (h, None),
     };
-    let port_ok = port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
     let host_ok = !host.is_empty()
         && host.split('.').all(|label| {
             !label.is_empty()
@@ -209,7 +210,10 @@ mod tests {
         assert_eq!(r.repo().as_str(), "weights/qwen3-8b");
         assert_eq!(r.tag().unwrap().as_str(), "prod");
         assert_eq!(r.digest().unwrap().as_str(), D);
-        assert_eq!(r.to_string(), format!("localhost:5000/weights/qwen3-8b:prod@{D}"));
+        assert_eq!(
+            r.to_string(),
+            format!("localhost:5000/weights/qwen3-8b:prod@{D}")
+        );
     }
 
     #[test]

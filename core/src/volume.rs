@@ -1,0 +1,589 @@
+//! The volume format: a deterministic tree of files over content-defined chunks, and its OCI layout.
+//!
+//! A sealed version is an OCI image index (the version's digest is this index's digest) whose entries
+//! are one *tree manifest*, with the tree blob as its only layer, and *part manifests* whose layers
+//! are the volume's chunks, a few thousand each, so no manifest nears the 4 MiB registry limit however
+//! large the volume. docs/format.md is the normative description.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::chunking::ChunkParams;
+use crate::manifest::{Descriptor, ImageIndex, ImageManifest};
+use crate::{media, Algorithm, Digest};
+
+pub const FORMAT_VERSION: u32 = 1;
+pub const VOLUME_ARTIFACT_TYPE: &str = "application/vnd.vial.volume.v1";
+pub const TREE_ARTIFACT_TYPE: &str = "application/vnd.vial.tree.v1";
+pub const TREE_MEDIA_TYPE: &str = "application/vnd.vial.tree.v1+json";
+pub const CHUNKS_ARTIFACT_TYPE: &str = "application/vnd.vial.chunks.v1";
+pub const CHUNK_MEDIA_TYPE: &str = "application/vnd.vial.chunk.v1";
+
+pub const ANNOTATION_FORMAT: &str = "dev.vial.volume.format";
+pub const ANNOTATION_FILES: &str = "dev.vial.volume.files";
+pub const ANNOTATION_BYTES: &str = "dev.vial.volume.bytes";
+pub const ANNOTATION_CHUNKS: &str = "dev.vial.volume.chunks";
+pub const ANNOTATION_TREE: &str = "dev.vial.volume.tree";
+
+/// A part manifest may end after this many chunks, at a content-defined point.
+pub const PART_MIN: usize = 1024;
+/// A part manifest always ends after this many chunks (~1.2 MB of JSON).
+pub const PART_MAX: usize = 8192;
+/// Longest path accepted, in bytes.
+pub const MAX_PATH: usize = 4096;
+
+/// A chunk as the tree refers to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    pub digest: Digest,
+    pub size: u64,
+}
+
+/// How the chunks were cut, recorded so a reader can tell which chunker wrote a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkingInfo {
+    pub algorithm: String,
+    pub min: u64,
+    pub avg: u64,
+    pub max: u64,
+}
+
+impl ChunkingInfo {
+    pub fn v1(params: ChunkParams) -> Self {
+        ChunkingInfo {
+            algorithm: "fastcdc2020+safetensors-v1".to_owned(),
+            min: params.min as u64,
+            avg: params.avg as u64,
+            max: params.max as u64,
+        }
+    }
+}
+
+/// One entry of the tree. Files list their chunks as indexes into [`Tree::chunks`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum EntryKind {
+    File {
+        mode: u32,
+        size: u64,
+        chunks: Vec<u32>,
+    },
+    Dir {
+        mode: u32,
+    },
+    Symlink {
+        target: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub path: String,
+    #[serde(flatten)]
+    pub kind: EntryKind,
+}
+
+/// The whole file tree of a version: what a mount needs before it can list a single directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tree {
+    pub format: u32,
+    pub chunking: ChunkingInfo,
+    pub chunks: Vec<ChunkRef>,
+    pub entries: Vec<Entry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("unsupported volume format {0}")]
+    Format(u32),
+    #[error("invalid path {path:?}: {reason}")]
+    Path { path: String, reason: &'static str },
+    #[error("path {0:?} appears twice")]
+    Duplicate(String),
+    #[error("entries are not in sorted order at {0:?}")]
+    Order(String),
+    #[error("parent directory of {0:?} is not in the tree")]
+    MissingParent(String),
+    #[error("file {path:?} has size {size} but its chunks add up to {sum}")]
+    SizeMismatch { path: String, size: u64, sum: u64 },
+    #[error("file {0:?} refers to a chunk that is not in the chunk table")]
+    ChunkIndex(String),
+    #[error("chunk {0} appears twice in the chunk table")]
+    DuplicateChunk(Digest),
+    #[error("symlink {0:?} has an empty or invalid target")]
+    SymlinkTarget(String),
+    #[error("tree blob is not valid JSON: {0}")]
+    Json(String),
+}
+
+/// Checks one path: relative, `/`-separated, no empty, `.` or `..` components, no NUL.
+pub fn validate_path(path: &str) -> Result<(), TreeError> {
+    let bad = |reason| {
+        Err(TreeError::Path {
+            path: path.to_owned(),
+            reason,
+        })
+    };
+    if path.is_empty() {
+        return bad("empty");
+    }
+    if path.len() > MAX_PATH {
+        return bad("too long");
+    }
+    if path.starts_with('/') {
+        return bad("absolute");
+    }
+    if path.contains('\0') {
+        return bad("contains NUL");
+    }
+    for component in path.split('/') {
+        match component {
+            "" => return bad("empty component"),
+            "." | ".." => return bad("dot component"),
+            c if c.len() > 255 => return bad("component longer than 255 bytes"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn parent(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(p, _)| p)
+}
+
+impl Tree {
+    /// Checks every structural rule; readers call this on any tree they did not build themselves.
+    pub fn validate(&self) -> Result<(), TreeError> {
+        if self.format != FORMAT_VERSION {
+            return Err(TreeError::Format(self.format));
+        }
+        let mut seen_chunks = std::collections::HashSet::with_capacity(self.chunks.len());
+        for c in &self.chunks {
+            if !seen_chunks.insert(&c.digest) {
+                return Err(TreeError::DuplicateChunk(c.digest.clone()));
+            }
+        }
+        let mut dirs: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let mut previous: Option<&str> = None;
+        for e in &self.entries {
+            validate_path(&e.path)?;
+            if let Some(prev) = previous {
+                match prev.as_bytes().cmp(e.path.as_bytes()) {
+                    std::cmp::Ordering::Less => {}
+                    std::cmp::Ordering::Equal => return Err(TreeError::Duplicate(e.path.clone())),
+                    std::cmp::Ordering::Greater => return Err(TreeError::Order(e.path.clone())),
+                }
+            }
+            previous = Some(&e.path);
+            // Parents must be directories listed earlier: nothing can be written through a symlink.
+            if let Some(p) = parent(&e.path) {
+                if !dirs.contains(p) {
+                    return Err(TreeError::MissingParent(e.path.clone()));
+                }
+            }
+            match &e.kind {
+                EntryKind::Dir { .. } => {
+                    dirs.insert(&e.path);
+                }
+                EntryKind::File { size, chunks, .. } => {
+                    let mut sum = 0u64;
+                    for &i in chunks {
+                        let c = self
+                            .chunks
+                            .get(i as usize)
+                            .ok_or_else(|| TreeError::ChunkIndex(e.path.clone()))?;
+                        sum = sum.saturating_add(c.size);
+                    }
+                    if sum != *size {
+                        return Err(TreeError::SizeMismatch {
+                            path: e.path.clone(),
+                            size: *size,
+                            sum,
+                        });
+                    }
+                }
+                EntryKind::Symlink { target } => {
+                    if target.is_empty() || target.contains('\0') || target.len() > MAX_PATH {
+                        return Err(TreeError::SymlinkTarget(e.path.clone()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses and validates a tree blob.
+    pub fn from_json(bytes: &[u8]) -> Result<Tree, TreeError> {
+        let tree: Tree =
+            serde_json::from_slice(bytes).map_err(|e| TreeError::Json(e.to_string()))?;
+        tree.validate()?;
+        Ok(tree)
+    }
+
+    /// The canonical serialisation: compact JSON, fields in declaration order.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub fn file_count(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+            .count()
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.entries
+            .iter()
+            .map(|e| match e.kind {
+                EntryKind::File { size, .. } => size,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+/// Collects entries in any order and produces the canonical [`Tree`].
+#[derive(Debug)]
+pub struct TreeBuilder {
+    chunking: ChunkingInfo,
+    entries: BTreeMap<String, BuilderEntry>,
+}
+
+#[derive(Debug)]
+enum BuilderEntry {
+    File { mode: u32, chunks: Vec<ChunkRef> },
+    Dir { mode: u32 },
+    Symlink { target: String },
+}
+
+/// Modes are normalised so a version does not depend on the pusher's umask: executables 0755,
+/// other files 0644, directories 0755.
+pub fn normalize_file_mode(mode: u32) -> u32 {
+    if mode & 0o111 != 0 {
+        0o755
+    } else {
+        0o644
+    }
+}
+
+pub const DIR_MODE: u32 = 0o755;
+
+impl TreeBuilder {
+    pub fn new(chunking: ChunkingInfo) -> Self {
+        TreeBuilder {
+            chunking,
+            entries: BTreeMap::new(),
+        }
+    }
+
+    pub fn add_dir(&mut self, path: &str) -> Result<(), TreeError> {
+        validate_path(path)?;
+        self.insert(path, BuilderEntry::Dir { mode: DIR_MODE })
+    }
+
+    pub fn add_symlink(&mut self, path: &str, target: &str) -> Result<(), TreeError> {
+        validate_path(path)?;
+        if target.is_empty() || target.contains('\0') || target.len() > MAX_PATH {
+            return Err(TreeError::SymlinkTarget(path.to_owned()));
+        }
+        self.insert(
+            path,
+            BuilderEntry::Symlink {
+                target: target.to_owned(),
+            },
+        )
+    }
+
+    pub fn add_file(
+        &mut self,
+        path: &str,
+        mode: u32,
+        chunks: Vec<ChunkRef>,
+    ) -> Result<(), TreeError> {
+        validate_path(path)?;
+        self.insert(
+            path,
+            BuilderEntry::File {
+                mode: normalize_file_mode(mode),
+                chunks,
+            },
+        )
+    }
+
+    fn insert(&mut self, path: &str, entry: BuilderEntry) -> Result<(), TreeError> {
+        if self.entries.insert(path.to_owned(), entry).is_some() {
+            return Err(TreeError::Duplicate(path.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Adds missing parent directories, orders entries by path bytes, and numbers chunks in order of
+    /// first use.
+    pub fn finish(mut self) -> Result<Tree, TreeError> {
+        let paths: Vec<String> = self.entries.keys().cloned().collect();
+        for path in paths {
+            let mut p = path.as_str();
+            while let Some(parent) = parent(p) {
+                self.entries
+                    .entry(parent.to_owned())
+                    .or_insert(BuilderEntry::Dir { mode: DIR_MODE });
+                p = parent;
+            }
+        }
+        let mut sorted: Vec<(String, BuilderEntry)> = self.entries.into_iter().collect();
+        sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        let mut table: Vec<ChunkRef> = Vec::new();
+        let mut index: HashMap<Digest, u32> = HashMap::new();
+        let mut entries = Vec::with_capacity(sorted.len());
+        for (path, e) in sorted {
+            let kind = match e {
+                BuilderEntry::Dir { mode } => EntryKind::Dir { mode },
+                BuilderEntry::Symlink { target } => EntryKind::Symlink { target },
+                BuilderEntry::File { mode, chunks } => {
+                    let size = chunks.iter().map(|c| c.size).sum();
+                    let ids = chunks
+                        .into_iter()
+                        .map(|c| {
+                            *index.entry(c.digest.clone()).or_insert_with(|| {
+                                table.push(c);
+                                (table.len() - 1) as u32
+                            })
+                        })
+                        .collect();
+                    EntryKind::File {
+                        mode,
+                        size,
+                        chunks: ids,
+                    }
+                }
+            };
+            entries.push(Entry { path, kind });
+        }
+        let tree = Tree {
+            format: FORMAT_VERSION,
+            chunking: self.chunking,
+            chunks: table,
+            entries,
+        };
+        tree.validate()?;
+        Ok(tree)
+    }
+}
+
+/// A serialised manifest and its digest.
+#[derive(Debug, Clone)]
+pub struct Blob {
+    pub digest: Digest,
+    pub bytes: Vec<u8>,
+}
+
+impl Blob {
+    fn new(bytes: Vec<u8>) -> Self {
+        Blob {
+            digest: Algorithm::Sha256.digest_bytes(&bytes),
+            bytes,
+        }
+    }
+}
+
+/// Everything a registry must hold for one version, besides the chunks themselves.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub tree: Blob,
+    pub tree_manifest: Blob,
+    pub parts: Vec<Blob>,
+    /// The top-level index: its digest is the version's digest.
+    pub index: Blob,
+}
+
+fn empty_config() -> Descriptor {
+    Descriptor {
+        media_type: media::OCI_EMPTY.to_owned(),
+        digest: Digest::parse(media::OCI_EMPTY_DIGEST).unwrap_or_else(|_| unreachable!()),
+        size: 2,
+        urls: None,
+        annotations: None,
+        artifact_type: None,
+        data: Some("e30=".to_owned()),
+        platform: None,
+    }
+}
+
+fn descriptor(media_type: &str, blob: &Blob, artifact_type: Option<&str>) -> Descriptor {
+    Descriptor {
+        media_type: media_type.to_owned(),
+        digest: blob.digest.clone(),
+        size: blob.bytes.len() as u64,
+        urls: None,
+        annotations: None,
+        artifact_type: artifact_type.map(str::to_owned),
+        data: None,
+        platform: None,
+    }
+}
+
+fn image_manifest(artifact_type: &str, layers: Vec<Descriptor>) -> Blob {
+    let m = ImageManifest {
+        schema_version: 2,
+        media_type: Some(media::OCI_MANIFEST.to_owned()),
+        artifact_type: Some(artifact_type.to_owned()),
+        config: empty_config(),
+        layers,
+        subject: None,
+        annotations: None,
+    };
+    Blob::new(serde_json::to_vec(&m).unwrap_or_default())
+}
+
+/// Whether a part manifest may end after this chunk: one digest in 2048.
+fn is_part_boundary(digest: &Digest) -> bool {
+    digest.hex().starts_with("000") && matches!(digest.hex().as_bytes()[3], b'0'..=b'7')
+}
+
+/// Splits the chunk table into part-manifest-sized runs at content-defined points, so a new version
+/// that shares most chunks also shares most part manifests.
+pub fn split_parts(chunks: &[ChunkRef]) -> Vec<&[ChunkRef]> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (i, c) in chunks.iter().enumerate() {
+        let len = i + 1 - start;
+        if len >= PART_MAX || (len >= PART_MIN && is_part_boundary(&c.digest)) {
+            parts.push(&chunks[start..=i]);
+            start = i + 1;
+        }
+    }
+    if start < chunks.len() {
+        parts.push(&chunks[start..]);
+    }
+    parts
+}
+
+/// Builds the OCI objects of a version from its tree.
+pub fn build_layout(tree: &Tree) -> Layout {
+    let tree_blob = Blob::new(tree.to_json());
+    let tree_manifest = image_manifest(
+        TREE_ARTIFACT_TYPE,
+        vec![descriptor(TREE_MEDIA_TYPE, &tree_blob, None)],
+    );
+    let parts: Vec<Blob> = split_parts(&tree.chunks)
+        .into_iter()
+        .map(|part| {
+            let layers = part
+                .iter()
+                .map(|c| Descriptor {
+                    media_type: CHUNK_MEDIA_TYPE.to_owned(),
+                    digest: c.digest.clone(),
+                    size: c.size,
+                    urls: None,
+                    annotations: None,
+                    artifact_type: None,
+                    data: None,
+                    platform: None,
+                })
+                .collect();
+            image_manifest(CHUNKS_ARTIFACT_TYPE, layers)
+        })
+        .collect();
+    let mut manifests = vec![descriptor(
+        media::OCI_MANIFEST,
+        &tree_manifest,
+        Some(TREE_ARTIFACT_TYPE),
+    )];
+    manifests.extend(
+        parts
+            .iter()
+            .map(|p| descriptor(media::OCI_MANIFEST, p, Some(CHUNKS_ARTIFACT_TYPE))),
+    );
+    let annotations = BTreeMap::from([
+        (ANNOTATION_FORMAT.to_owned(), FORMAT_VERSION.to_string()),
+        (ANNOTATION_FILES.to_owned(), tree.file_count().to_string()),
+        (ANNOTATION_BYTES.to_owned(), tree.total_bytes().to_string()),
+        (ANNOTATION_CHUNKS.to_owned(), tree.chunks.len().to_string()),
+        (ANNOTATION_TREE.to_owned(), tree_blob.digest.to_string()),
+    ]);
+    let index = ImageIndex {
+        schema_version: 2,
+        media_type: Some(media::OCI_INDEX.to_owned()),
+        artifact_type: Some(VOLUME_ARTIFACT_TYPE.to_owned()),
+        manifests,
+        subject: None,
+        annotations: Some(annotations),
+    };
+    Layout {
+        tree: tree_blob,
+        tree_manifest,
+        parts,
+        index: Blob::new(serde_json::to_vec(&index).unwrap_or_default()),
+    }
+}
+
+/// What a reader needs from a version's top-level index.
+#[derive(Debug, Clone)]
+pub struct VolumeIndex {
+    pub index: ImageIndex,
+    /// The tree blob, if the index names it (saves one round trip).
+    pub tree: Option<Digest>,
+    /// The tree manifest's descriptor.
+    pub tree_manifest: Descriptor,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VolumeError {
+    #[error("not a vial volume: {0}")]
+    NotAVolume(String),
+    #[error("volume index is not valid JSON: {0}")]
+    Json(String),
+}
+
+impl VolumeIndex {
+    pub fn parse(bytes: &[u8]) -> Result<VolumeIndex, VolumeError> {
+        let index: ImageIndex =
+            serde_json::from_slice(bytes).map_err(|e| VolumeError::Json(e.to_string()))?;
+        if index.artifact_type.as_deref() != Some(VOLUME_ARTIFACT_TYPE) {
+            return Err(VolumeError::NotAVolume(format!(
+                "artifactType is {:?}, expected {VOLUME_ARTIFACT_TYPE}",
+                index.artifact_type
+            )));
+        }
+        let tree_manifest = index
+            .manifests
+            .iter()
+            .find(|m| m.artifact_type.as_deref() == Some(TREE_ARTIFACT_TYPE))
+            .cloned()
+            .ok_or_else(|| VolumeError::NotAVolume("the index has no tree manifest".into()))?;
+        let tree = index
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_TREE))
+            .and_then(|d| Digest::parse(d).ok());
+        Ok(VolumeIndex {
+            index,
+            tree,
+            tree_manifest,
+        })
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.index
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    }
+}
+
+/// The tree blob's digest from a tree manifest.
+pub fn tree_from_manifest(bytes: &[u8]) -> Result<Digest, VolumeError> {
+    let m: ImageManifest =
+        serde_json::from_slice(bytes).map_err(|e| VolumeError::Json(e.to_string()))?;
+    m.layers
+        .iter()
+        .find(|l| l.media_type == TREE_MEDIA_TYPE)
+        .map(|l| l.digest.clone())
+        .ok_or_else(|| VolumeError::NotAVolume("tree manifest has no tree layer".into()))
+}
+
+#[cfg(test)]
+mod tests;

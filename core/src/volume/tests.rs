@@ -1,0 +1,230 @@
+//! Tests of the volume format: determinism, hostile trees, and manifest sizes at scale.
+
+use super::*;
+use crate::chunking::DEFAULT_PARAMS;
+
+fn chunk(i: u64, size: u64) -> ChunkRef {
+    ChunkRef {
+        digest: Algorithm::Sha256.digest_bytes(&i.to_le_bytes()),
+        size,
+    }
+}
+
+fn sample(order: &[usize]) -> Tree {
+    let mut b = TreeBuilder::new(ChunkingInfo::v1(DEFAULT_PARAMS));
+    let ops: Vec<Box<dyn Fn(&mut TreeBuilder)>> = vec![
+        Box::new(|b| {
+            b.add_file(
+                "model/a.safetensors",
+                0o600,
+                vec![chunk(1, 10), chunk(2, 5)],
+            )
+            .unwrap()
+        }),
+        Box::new(|b| b.add_file("model/b.bin", 0o700, vec![chunk(2, 5)]).unwrap()),
+        Box::new(|b| b.add_file("README", 0o644, vec![]).unwrap()),
+        Box::new(|b| b.add_dir("empty/dir").unwrap()),
+        Box::new(|b| b.add_symlink("latest", "model/a.safetensors").unwrap()),
+        Box::new(|b| {
+            b.add_file("ünïcode/名前.json", 0o644, vec![chunk(3, 7)])
+                .unwrap()
+        }),
+    ];
+    for &i in order {
+        ops[i](&mut b);
+    }
+    b.finish().unwrap()
+}
+
+#[test]
+fn the_same_content_in_any_order_gives_the_same_version_digest() {
+    let a = build_layout(&sample(&[0, 1, 2, 3, 4, 5]));
+    let b = build_layout(&sample(&[5, 3, 1, 4, 0, 2]));
+    assert_eq!(a.index.digest, b.index.digest);
+    assert_eq!(a.tree.bytes, b.tree.bytes);
+}
+
+#[test]
+fn builder_normalises_modes_adds_parents_and_shares_chunks() {
+    let t = sample(&[0, 1, 2, 3, 4, 5]);
+    let paths: Vec<&str> = t.entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "README",
+            "empty",
+            "empty/dir",
+            "latest",
+            "model",
+            "model/a.safetensors",
+            "model/b.bin",
+            "ünïcode",
+            "ünïcode/名前.json"
+        ]
+    );
+    assert_eq!(t.chunks.len(), 3, "chunk 2 is shared and listed once");
+    let modes: Vec<u32> = t
+        .entries
+        .iter()
+        .filter_map(|e| match e.kind {
+            EntryKind::File { mode, .. } => Some(mode),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(modes, [0o644, 0o644, 0o755, 0o644]);
+    let round = Tree::from_json(&t.to_json()).unwrap();
+    assert_eq!(round, t);
+}
+
+#[test]
+fn hostile_paths_are_refused_by_the_builder() {
+    let mut b = TreeBuilder::new(ChunkingInfo::v1(DEFAULT_PARAMS));
+    for bad in [
+        "",
+        "/etc/passwd",
+        "a/../../b",
+        "./a",
+        "a//b",
+        "a/",
+        "nul\0byte",
+        &"x".repeat(300),
+    ] {
+        assert!(b.add_file(bad, 0o644, vec![]).is_err(), "{bad:?} accepted");
+    }
+    b.add_file("a", 0o644, vec![]).unwrap();
+    assert!(matches!(b.add_dir("a"), Err(TreeError::Duplicate(_))));
+}
+
+fn tampered(edit: impl Fn(&mut serde_json::Value)) -> Result<Tree, TreeError> {
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&sample(&[0, 1, 2, 3, 4, 5]).to_json()).unwrap();
+    edit(&mut v);
+    Tree::from_json(&serde_json::to_vec(&v).unwrap())
+}
+
+#[test]
+fn malicious_trees_are_refused_by_readers() {
+    // Escaping paths.
+    assert!(matches!(
+        tampered(|v| v["entries"][0]["path"] = "../evil".into()),
+        Err(TreeError::Path { .. })
+    ));
+    assert!(matches!(
+        tampered(|v| v["entries"][0]["path"] = "/abs".into()),
+        Err(TreeError::Path { .. })
+    ));
+    // A file under a symlink would be written through it.
+    assert!(tampered(|v| {
+        v["entries"].as_array_mut().unwrap().insert(4, serde_json::json!({"path": "latest/x", "type": "file", "mode": 420, "size": 0, "chunks": []}));
+    })
+    .is_err());
+    // Duplicates and disorder.
+    assert!(tampered(|v| {
+        let first = v["entries"][0].clone();
+        v["entries"].as_array_mut().unwrap().insert(0, first);
+    })
+    .is_err());
+    assert!(matches!(
+        tampered(|v| v["entries"].as_array_mut().unwrap().reverse()),
+        Err(TreeError::Order(_) | TreeError::MissingParent(_))
+    ));
+    // Sizes that lie and chunk indexes out of range.
+    assert!(matches!(
+        tampered(|v| v["entries"][5]["size"] = 999.into()),
+        Err(TreeError::SizeMismatch { .. })
+    ));
+    assert!(matches!(
+        tampered(|v| v["entries"][5]["chunks"][0] = 99.into()),
+        Err(TreeError::ChunkIndex(_))
+    ));
+    assert!(matches!(
+        tampered(|v| v["format"] = 2.into()),
+        Err(TreeError::Format(2))
+    ));
+    assert!(matches!(
+        tampered(|v| v["entries"][3]["target"] = "".into()),
+        Err(TreeError::SymlinkTarget(_))
+    ));
+    assert!(matches!(
+        Tree::from_json(b"{\"format\":1"),
+        Err(TreeError::Json(_))
+    ));
+}
+
+#[test]
+fn a_one_tib_volume_of_100k_files_keeps_every_manifest_under_4_mib() {
+    // 100,000 files of 11 MiB + 3 bytes each, in chunks of up to 2 MiB: over 1 TiB, 600,000 chunks.
+    let mut b = TreeBuilder::new(ChunkingInfo::v1(DEFAULT_PARAMS));
+    let mut n = 0u64;
+    for f in 0..100_000u64 {
+        let chunks = (0..6)
+            .map(|i| {
+                n += 1;
+                chunk(n, if i < 5 { 2 << 20 } else { (1 << 20) + 3 })
+            })
+            .collect();
+        b.add_file(
+            &format!("shard-{:03}/file-{f:06}.bin", f % 1000),
+            0o644,
+            chunks,
+        )
+        .unwrap();
+    }
+    let tree = b.finish().unwrap();
+    assert!(tree.total_bytes() >= 1 << 40);
+    let layout = build_layout(&tree);
+    const LIMIT: usize = 4 * 1024 * 1024;
+    assert!(
+        layout.index.bytes.len() < LIMIT,
+        "index is {} bytes",
+        layout.index.bytes.len()
+    );
+    assert!(layout.tree_manifest.bytes.len() < LIMIT);
+    for part in &layout.parts {
+        assert!(
+            part.bytes.len() < LIMIT,
+            "part manifest is {} bytes",
+            part.bytes.len()
+        );
+    }
+    let listed: usize = layout
+        .parts
+        .iter()
+        .map(|p| {
+            serde_json::from_slice::<ImageManifest>(&p.bytes)
+                .unwrap()
+                .layers
+                .len()
+        })
+        .sum();
+    assert_eq!(
+        listed,
+        tree.chunks.len(),
+        "every chunk is reachable from the index"
+    );
+    let parsed = VolumeIndex::parse(&layout.index.bytes).unwrap();
+    assert_eq!(parsed.tree.as_ref(), Some(&layout.tree.digest));
+    assert_eq!(parsed.index.manifests.len(), layout.parts.len() + 1);
+}
+
+#[test]
+fn parts_are_content_defined_so_an_insertion_keeps_most_of_them() {
+    let chunks: Vec<ChunkRef> = (0..60_000).map(|i| chunk(i, 1)).collect();
+    let a: Vec<Vec<ChunkRef>> = split_parts(&chunks)
+        .into_iter()
+        .map(<[_]>::to_vec)
+        .collect();
+    let mut shifted = vec![chunk(1_000_000, 1)];
+    shifted.extend(chunks.iter().cloned());
+    let b: Vec<Vec<ChunkRef>> = split_parts(&shifted)
+        .into_iter()
+        .map(<[_]>::to_vec)
+        .collect();
+    let shared = b.iter().filter(|p| a.contains(p)).count();
+    assert!(a.len() > 5);
+    assert!(
+        shared >= a.len() - 2,
+        "only {shared} of {} parts survive an insertion",
+        a.len()
+    );
+}
