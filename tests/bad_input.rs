@@ -11,11 +11,19 @@ const D: &str = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b
 fn assert_oci_error(resp: reqwest::blocking::Response, what: &str) -> (u16, String) {
     let status = resp.status().as_u16();
     let body = resp.text().unwrap_or_default();
-    assert!((400..500).contains(&status), "{what}: expected a 4xx, got {status}: {body}");
+    assert!(
+        (400..500).contains(&status),
+        "{what}: expected a 4xx, got {status}: {body}"
+    );
     let json: serde_json::Value = serde_json::from_str(&body)
         .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {body:?}"));
-    let code = json["errors"][0]["code"].as_str().unwrap_or_else(|| panic!("{what}: no error code in {body}"));
-    assert!(json["errors"][0]["message"].is_string(), "{what}: no message in {body}");
+    let code = json["errors"][0]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: no error code in {body}"));
+    assert!(
+        json["errors"][0]["message"].is_string(),
+        "{what}: no message in {body}"
+    );
     (status, code.to_owned())
 }
 
@@ -67,30 +75,63 @@ fn chunk_errors_are_416_and_leave_the_session_usable() {
     let base = server.url();
     let c = reqwest::blocking::Client::new();
     let data = pseudo_random(300_000, 5);
-    let start = c.post(format!("{base}/v2/chunks/blobs/uploads/")).send().unwrap();
+    let start = c
+        .post(format!("{base}/v2/chunks/blobs/uploads/"))
+        .send()
+        .unwrap();
     assert_eq!(start.status(), 202);
     let location = format!("{base}{}", start.headers()["location"].to_str().unwrap());
 
-    let first = c.patch(&location).header("content-range", "0-99999").body(data[..100_000].to_vec()).send().unwrap();
+    let first = c
+        .patch(&location)
+        .header("content-range", "0-99999")
+        .body(data[..100_000].to_vec())
+        .send()
+        .unwrap();
     assert_eq!(first.status(), 202);
     assert_eq!(first.headers()["range"], "0-99999");
 
-    for (range, what) in [("0-99999", "repeated chunk"), ("150000-249999", "gap"), ("50000-149999", "overlap")] {
+    for (range, what) in [
+        ("0-99999", "repeated chunk"),
+        ("150000-249999", "gap"),
+        ("50000-149999", "overlap"),
+    ] {
         let lo: usize = range.split('-').next().unwrap().parse().unwrap();
-        let resp = c.patch(&location).header("content-range", range).body(data[lo..lo + 100_000].to_vec()).send().unwrap();
-        assert_eq!(resp.headers().get("range").map(|v| v.to_str().unwrap()), Some("0-99999"), "{what}");
+        let resp = c
+            .patch(&location)
+            .header("content-range", range)
+            .body(data[lo..lo + 100_000].to_vec())
+            .send()
+            .unwrap();
+        assert_eq!(
+            resp.headers().get("range").map(|v| v.to_str().unwrap()),
+            Some("0-99999"),
+            "{what}"
+        );
         let (status, code) = assert_oci_error(resp, what);
-        assert_eq!((status, code.as_str()), (416, "BLOB_UPLOAD_INVALID"), "{what}");
+        assert_eq!(
+            (status, code.as_str()),
+            (416, "BLOB_UPLOAD_INVALID"),
+            "{what}"
+        );
     }
     // A Content-Range that disagrees with the body length is refused and nothing of it is kept.
-    let lying = c.patch(&location).header("content-range", "100000-100009").body(vec![0u8; 5]).send().unwrap();
+    let lying = c
+        .patch(&location)
+        .header("content-range", "100000-100009")
+        .body(vec![0u8; 5])
+        .send()
+        .unwrap();
     assert!(lying.status().is_client_error(), "{}", lying.status());
     let status = c.get(&location).send().unwrap();
     assert_eq!(status.status(), 204);
     assert_eq!(status.headers()["range"], "0-99999");
 
     let rest = c
-        .put(format!("{location}?digest={}", vial_core::Algorithm::Sha256.digest_bytes(&data)))
+        .put(format!(
+            "{location}?digest={}",
+            vial_core::Algorithm::Sha256.digest_bytes(&data)
+        ))
         .header("content-range", "100000-299999")
         .body(data[100_000..].to_vec())
         .send()
@@ -103,8 +144,16 @@ fn oversized_manifests_are_refused_with_413() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_on(&dir.path().join("d"), &["--max-manifest-size", "1000"]);
     let c = reqwest::blocking::Client::new();
-    let big = format!(r#"{{"schemaVersion":2,"annotations":{{"x":"{}"}}}}"#, "a".repeat(2000));
-    let resp = c.put(format!("{}/v2/big/manifests/v1", server.url())).header("content-type", vial_core::media::OCI_MANIFEST).body(big).send().unwrap();
+    let big = format!(
+        r#"{{"schemaVersion":2,"annotations":{{"x":"{}"}}}}"#,
+        "a".repeat(2000)
+    );
+    let resp = c
+        .put(format!("{}/v2/big/manifests/v1", server.url()))
+        .header("content-type", vial_core::media::OCI_MANIFEST)
+        .body(big)
+        .send()
+        .unwrap();
     let (status, code) = assert_oci_error(resp, "oversized manifest");
     assert_eq!((status, code.as_str()), (413, "SIZE_INVALID"));
 }
@@ -129,9 +178,18 @@ fn garbage_on_the_socket_does_not_hurt_the_server() {
             let mut buf = [0u8; 4096];
             let n = s.read(&mut buf).unwrap_or(0);
             let head = String::from_utf8_lossy(&buf[..n]);
-            assert!(!head.starts_with("HTTP/1.1 5"), "seed {seed} got a 5xx: {head}");
+            assert!(
+                !head.starts_with("HTTP/1.1 5"),
+                "seed {seed} got a 5xx: {head}"
+            );
         }
     }
     let c = reqwest::blocking::Client::new();
-    assert_eq!(c.get(format!("{}/v2/", server.url())).send().unwrap().status(), 200);
+    assert_eq!(
+        c.get(format!("{}/v2/", server.url()))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
 }

@@ -12,16 +12,19 @@ use crate::support::{oci::pseudo_random, Server};
 
 #[derive(Default)]
 struct Ledger {
-    /// Blobs the server acknowledged with 201: (repo, digest) → seed and size to regenerate them.
-    committed: HashMap<(String, Digest), (u64, usize)>,
+    /// Blobs the server acknowledged with 201: (repo, digest) → size.
+    committed: HashMap<(String, Digest), usize>,
     /// Blobs whose upload was under way when the server died.
-    in_flight: HashMap<(String, Digest), (u64, usize)>,
+    in_flight: HashMap<(String, Digest), usize>,
     /// Manifests acknowledged with 201: (repo, tag) → (digest, bytes).
     manifests: Vec<(String, String, Digest, Vec<u8>)>,
 }
 
 fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: Arc<Mutex<Ledger>>) {
-    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
     let repo = format!("crash/w{worker}");
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -31,15 +34,18 @@ fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: A
         let data = pseudo_random(size, blob_seed);
         let digest = Algorithm::Sha256.digest_bytes(&data);
         let key = (repo.clone(), digest.clone());
-        ledger.lock().unwrap().in_flight.insert(key.clone(), (blob_seed, size));
-        let Ok(acknowledged) = upload_chunked(&client, &base, &repo, &data, &digest, blob_seed) else { return };
+        ledger.lock().unwrap().in_flight.insert(key.clone(), size);
+        let Ok(acknowledged) = upload_chunked(&client, &base, &repo, &data, &digest, blob_seed)
+        else {
+            return;
+        };
         if !acknowledged {
             return;
         }
         {
             let mut l = ledger.lock().unwrap();
             l.in_flight.remove(&key);
-            l.committed.insert(key, (blob_seed, size));
+            l.committed.insert(key, size);
         }
         let manifest = serde_json::to_vec(&serde_json::json!({
             "schemaVersion": 2,
@@ -59,7 +65,11 @@ fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: A
         };
         if resp.status() == 201 {
             let d = Algorithm::Sha256.digest_bytes(&manifest);
-            ledger.lock().unwrap().manifests.push((repo.clone(), tag, d, manifest));
+            ledger
+                .lock()
+                .unwrap()
+                .manifests
+                .push((repo.clone(), tag, d, manifest));
         }
     }
 }
@@ -73,15 +83,26 @@ fn upload_chunked(
     digest: &Digest,
     seed: u64,
 ) -> Result<bool, reqwest::Error> {
-    let start = client.post(format!("{base}/v2/{repo}/blobs/uploads/")).send()?;
-    let Some(location) = start.headers().get("location").and_then(|l| l.to_str().ok()) else { return Ok(false) };
+    let start = client
+        .post(format!("{base}/v2/{repo}/blobs/uploads/"))
+        .send()?;
+    let Some(location) = start
+        .headers()
+        .get("location")
+        .and_then(|l| l.to_str().ok())
+    else {
+        return Ok(false);
+    };
     let location = format!("{base}{location}");
     let chunk = 256 * 1024 + (seed % 100_000) as usize;
     let mut offset = 0;
     while offset + chunk < data.len() {
         let resp = client
             .patch(&location)
-            .header("content-range", format!("{}-{}", offset, offset + chunk - 1))
+            .header(
+                "content-range",
+                format!("{}-{}", offset, offset + chunk - 1),
+            )
             .body(data[offset..offset + chunk].to_vec())
             .send()?;
         if resp.status() != 202 {
@@ -99,36 +120,66 @@ fn upload_chunked(
 fn verify(server: &Server, ledger: &Ledger) {
     let client = reqwest::blocking::Client::new();
     let base = server.url();
-    for ((repo, digest), (seed, size)) in &ledger.committed {
-        let resp = client.get(format!("{base}/v2/{repo}/blobs/{digest}")).send().unwrap();
-        assert_eq!(resp.status(), 200, "acknowledged blob {digest} in {repo} was lost");
+    for ((repo, digest), size) in &ledger.committed {
+        let resp = client
+            .get(format!("{base}/v2/{repo}/blobs/{digest}"))
+            .send()
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            200,
+            "acknowledged blob {digest} in {repo} was lost"
+        );
         let body = resp.bytes().unwrap();
         assert_eq!(body.len(), *size);
-        assert_eq!(&Algorithm::Sha256.digest_bytes(&body), digest, "acknowledged blob {digest} is corrupt");
-        let _ = seed;
+        assert_eq!(
+            &Algorithm::Sha256.digest_bytes(&body),
+            digest,
+            "acknowledged blob {digest} is corrupt"
+        );
     }
-    for ((repo, digest), _) in &ledger.in_flight {
-        let resp = client.get(format!("{base}/v2/{repo}/blobs/{digest}")).send().unwrap();
+    for (repo, digest) in ledger.in_flight.keys() {
+        let resp = client
+            .get(format!("{base}/v2/{repo}/blobs/{digest}"))
+            .send()
+            .unwrap();
         match resp.status().as_u16() {
             404 => {}
             200 => {
                 let body = resp.bytes().unwrap();
-                assert_eq!(&Algorithm::Sha256.digest_bytes(&body), digest, "partial blob {digest} is visible");
+                assert_eq!(
+                    &Algorithm::Sha256.digest_bytes(&body),
+                    digest,
+                    "partial blob {digest} is visible"
+                );
             }
             other => panic!("in-flight blob {digest}: unexpected status {other}"),
         }
     }
     for (repo, _tag, digest, bytes) in &ledger.manifests {
-        let resp = client.get(format!("{base}/v2/{repo}/manifests/{digest}")).send().unwrap();
-        assert_eq!(resp.status(), 200, "acknowledged manifest {digest} was lost");
+        let resp = client
+            .get(format!("{base}/v2/{repo}/manifests/{digest}"))
+            .send()
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            200,
+            "acknowledged manifest {digest} was lost"
+        );
         assert_eq!(resp.bytes().unwrap().as_ref(), bytes.as_slice());
     }
     // Every tag must resolve to a manifest whose content matches its digest.
     for worker in 0..4 {
         for t in 0..3 {
-            let resp = client.get(format!("{base}/v2/crash/w{worker}/manifests/t{t}")).send().unwrap();
+            let resp = client
+                .get(format!("{base}/v2/crash/w{worker}/manifests/t{t}"))
+                .send()
+                .unwrap();
             if resp.status() == 200 {
-                let d = resp.headers()["docker-content-digest"].to_str().unwrap().to_owned();
+                let d = resp.headers()["docker-content-digest"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned();
                 let body = resp.bytes().unwrap();
                 assert_eq!(Algorithm::Sha256.digest_bytes(&body).as_str(), d);
             } else {
@@ -144,7 +195,12 @@ fn verify(server: &Server, ledger: &Ledger) {
                 let path = file.unwrap().path();
                 let bytes = std::fs::read(&path).unwrap();
                 let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                assert_eq!(Algorithm::Sha256.digest_bytes(&bytes).hex(), name, "corrupt blob file {}", path.display());
+                assert_eq!(
+                    Algorithm::Sha256.digest_bytes(&bytes).hex(),
+                    name,
+                    "corrupt blob file {}",
+                    path.display()
+                );
             }
         }
     }
@@ -154,7 +210,10 @@ fn verify(server: &Server, ledger: &Ledger) {
 fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     eprintln!("crash test seed {seed}");
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     for round in 0..4u64 {
@@ -165,10 +224,14 @@ fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
         let workers: Vec<_> = (0..4)
             .map(|w| {
                 let (base, stop, ledger) = (server.url(), stop.clone(), ledger.clone());
-                std::thread::spawn(move || pusher(base, w, seed.wrapping_add(round * 1000), stop, ledger))
+                std::thread::spawn(move || {
+                    pusher(base, w, seed.wrapping_add(round * 1000), stop, ledger)
+                })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(300 + (seed.wrapping_add(round * 7919)) % 900));
+        std::thread::sleep(Duration::from_millis(
+            300 + (seed.wrapping_add(round * 7919)) % 900,
+        ));
         server.kill_hard();
         stop.store(true, Ordering::Relaxed);
         for w in workers {
@@ -177,6 +240,9 @@ fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
     }
     let server = Server::start_on(&data, &[]);
     let l = ledger.lock().unwrap();
-    assert!(!l.committed.is_empty(), "no push completed: the test exercised nothing");
+    assert!(
+        !l.committed.is_empty(),
+        "no push completed: the test exercised nothing"
+    );
     verify(&server, &l);
 }

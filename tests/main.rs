@@ -4,6 +4,9 @@
 //! Tests that need a peer skip when it is missing, unless VIAL_TEST_REQUIRE_ALL=1 (as in CI), where
 //! a missing peer fails the run.
 
+// Test code may panic on any unexpected failure: that is how a test fails.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 mod bad_input;

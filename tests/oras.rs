@@ -36,8 +36,11 @@ fn oras_sdk_pushes_and_pulls_files_one_layer_each() {
     let work = tempfile::tempdir().unwrap();
     write_tree(work.path());
     let out = work.path().join("out");
-    run(Command::new(&python).args(["-c", SCRIPT, "files", &server.addr])
-        .arg(format!("{}/oras/files:v1", server.addr)).arg(work.path()).arg(&out));
+    run(Command::new(&python)
+        .args(["-c", SCRIPT, "files", &server.addr])
+        .arg(format!("{}/oras/files:v1", server.addr))
+        .arg(work.path())
+        .arg(&out));
     for name in ["config.json", "model.safetensors", "empty.txt"] {
         assert_eq!(
             std::fs::read(out.join(name)).unwrap(),
@@ -54,8 +57,11 @@ fn oras_sdk_pushes_and_pulls_a_directory_as_one_archive() {
     let work = tempfile::tempdir().unwrap();
     write_tree(work.path());
     let out = work.path().join("out");
-    run(Command::new(&python).args(["-c", SCRIPT, "dir", &server.addr])
-        .arg(format!("{}/oras/dir:v1", server.addr)).arg(work.path()).arg(&out));
+    run(Command::new(&python)
+        .args(["-c", SCRIPT, "dir", &server.addr])
+        .arg(format!("{}/oras/dir:v1", server.addr))
+        .arg(work.path())
+        .arg(&out));
     for name in ["model/weights.bin", "model/nested/tokenizer.json"] {
         assert_eq!(
             std::fs::read(out.join(name)).unwrap(),

@@ -2,7 +2,6 @@
 
 use crate::support::{oci::pseudo_random, push_blob, Server};
 
-
 #[test]
 fn sigterm_stops_the_server_cleanly_and_data_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -12,10 +11,16 @@ fn sigterm_stops_the_server_cleanly_and_data_survives_a_restart() {
     let bytes = pseudo_random(100_000, 3);
     let digest = push_blob(&client, &server.url(), "keep/me", &bytes);
     let status = server.stop();
-    assert!(status.success(), "vial serve exited with {status} on SIGTERM");
+    assert!(
+        status.success(),
+        "vial serve exited with {status} on SIGTERM"
+    );
 
     let server = Server::start_on(&data, &[]);
-    let got = client.get(format!("{}/v2/keep/me/blobs/{digest}", server.url())).send().unwrap();
+    let got = client
+        .get(format!("{}/v2/keep/me/blobs/{digest}", server.url()))
+        .send()
+        .unwrap();
     assert_eq!(got.status(), 200);
     assert_eq!(got.bytes().unwrap().as_ref(), bytes.as_slice());
 }
@@ -24,13 +29,43 @@ fn sigterm_stops_the_server_cleanly_and_data_survives_a_restart() {
 fn health_and_metrics_endpoints_report_traffic() {
     let server = Server::start();
     let client = reqwest::blocking::Client::new();
-    assert_eq!(client.get(format!("{}/healthz", server.url())).send().unwrap().status(), 200);
-    assert_eq!(client.get(format!("{}/readyz", server.url())).send().unwrap().status(), 200);
+    assert_eq!(
+        client
+            .get(format!("{}/healthz", server.url()))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        client
+            .get(format!("{}/readyz", server.url()))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
     push_blob(&client, &server.url(), "metrics/test", b"abc");
-    let _ = client.get(format!("{}/v2/metrics/test/tags/list", server.url())).send().unwrap();
-    let text = client.get(format!("{}/metrics", server.url())).send().unwrap().text().unwrap();
-    assert!(text.contains(r#"vial_http_requests_total{endpoint="upload_start",method="POST",status="201"} 1"#), "{text}");
-    assert!(text.contains(r#"vial_http_requests_total{endpoint="tags",method="GET",status="200"} 1"#), "{text}");
+    let _ = client
+        .get(format!("{}/v2/metrics/test/tags/list", server.url()))
+        .send()
+        .unwrap();
+    let text = client
+        .get(format!("{}/metrics", server.url()))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        text.contains(
+            r#"vial_http_requests_total{endpoint="upload_start",method="POST",status="201"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"vial_http_requests_total{endpoint="tags",method="GET",status="200"} 1"#),
+        "{text}"
+    );
     assert!(text.contains("vial_bytes_received_total 3"), "{text}");
     assert!(text.contains("vial_upload_sessions_open 0"), "{text}");
 }
@@ -47,5 +82,8 @@ fn serve_refuses_an_address_in_use_with_a_clear_message() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("could not listen on {addr}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("could not listen on {addr}")),
+        "{stderr}"
+    );
 }

@@ -29,6 +29,7 @@ pub enum ErrorCode {
     Unsupported,
     TooManyRequests,
     RangeInvalid,
+    PreconditionFailed,
     Unavailable,
     Internal,
 }
@@ -52,6 +53,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => "UNSUPPORTED",
             ErrorCode::TooManyRequests => "TOOMANYREQUESTS",
             ErrorCode::RangeInvalid => "RANGE_INVALID",
+            ErrorCode::PreconditionFailed => "PRECONDITION_FAILED",
             ErrorCode::Unavailable => "UNAVAILABLE",
             ErrorCode::Internal => "INTERNAL_ERROR",
         }
@@ -112,12 +114,18 @@ impl ApiError {
     }
 
     pub fn blob_unknown(digest: &vial_core::Digest) -> Self {
-        Self::not_found(ErrorCode::BlobUnknown, format!("blob {digest} is not in this repository"))
-            .with_detail(serde_json::json!({ "digest": digest.as_str() }))
+        Self::not_found(
+            ErrorCode::BlobUnknown,
+            format!("blob {digest} is not in this repository"),
+        )
+        .with_detail(serde_json::json!({ "digest": digest.as_str() }))
     }
 
     pub fn upload_unknown(id: &str) -> Self {
-        Self::not_found(ErrorCode::BlobUploadUnknown, format!("upload session {id} is unknown"))
+        Self::not_found(
+            ErrorCode::BlobUploadUnknown,
+            format!("upload session {id} is unknown"),
+        )
     }
 }
 
@@ -147,7 +155,17 @@ impl From<CommitManifestError> for ApiError {
             CommitManifestError::MissingBlobs(ref digests)
             | CommitManifestError::MissingManifests(ref digests) => {
                 let detail = serde_json::json!({ "missing": digests });
-                ApiError::bad_request(ErrorCode::ManifestBlobUnknown, e.to_string()).with_detail(detail)
+                ApiError::bad_request(ErrorCode::ManifestBlobUnknown, e.to_string())
+                    .with_detail(detail)
+            }
+            CommitManifestError::TagMoved { ref current, .. } => {
+                let detail = serde_json::json!({ "current": current });
+                ApiError::new(
+                    StatusCode::PRECONDITION_FAILED,
+                    ErrorCode::PreconditionFailed,
+                    e.to_string(),
+                )
+                .with_detail(detail)
             }
             CommitManifestError::Storage(s) => s.into(),
         }

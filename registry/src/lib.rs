@@ -56,7 +56,11 @@ pub async fn open_storage(
 }
 
 /// Builds the HTTP application over already-open storage.
-pub fn app(config: Config, meta: Arc<dyn MetadataStore>, blobs: Arc<dyn BlobStore>) -> (Router, Arc<AppState>) {
+pub fn app(
+    config: Config,
+    meta: Arc<dyn MetadataStore>,
+    blobs: Arc<dyn BlobStore>,
+) -> (Router, Arc<AppState>) {
     let state = Arc::new(AppState {
         meta,
         blobs,
@@ -115,7 +119,11 @@ async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => {
             tracing::warn!(error = %error::error_chain(&e), "readiness check failed");
-            (StatusCode::SERVICE_UNAVAILABLE, "metadata store unreachable\n").into_response()
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "metadata store unreachable\n",
+            )
+                .into_response()
         }
     }
 }
@@ -138,12 +146,18 @@ async fn janitor(state: Arc<AppState>) {
                     .await;
                     state.sessions.remove(&session.id);
                     match removed {
-                        Ok(()) => tracing::info!(upload = %session.id, repo = %session.repository, "discarded stale upload session"),
-                        Err(e) => tracing::warn!(upload = %session.id, error = %error::error_chain(&e), "could not discard stale upload"),
+                        Ok(()) => {
+                            tracing::info!(upload = %session.id, repo = %session.repository, "discarded stale upload session")
+                        }
+                        Err(e) => {
+                            tracing::warn!(upload = %session.id, error = %error::error_chain(&e), "could not discard stale upload")
+                        }
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads"),
+            Err(e) => {
+                tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads")
+            }
         }
     }
 }

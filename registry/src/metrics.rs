@@ -15,7 +15,8 @@ pub struct Metrics {
 impl Metrics {
     pub fn record_request(&self, endpoint: &'static str, method: &str, status: u16) {
         if let Ok(mut map) = self.requests.lock() {
-            *map.entry((endpoint, method.to_owned(), status)).or_default() += 1;
+            *map.entry((endpoint, method.to_owned(), status))
+                .or_default() += 1;
         }
     }
 
@@ -30,7 +31,9 @@ impl Metrics {
     /// The text exposition format, with the gauge of open upload sessions read at scrape time.
     pub fn render(&self, uploads_open: Option<u64>) -> String {
         let mut out = String::new();
-        out.push_str("# HELP vial_http_requests_total HTTP requests by API endpoint, method and status.\n");
+        out.push_str(
+            "# HELP vial_http_requests_total HTTP requests by API endpoint, method and status.\n",
+        );
         out.push_str("# TYPE vial_http_requests_total counter\n");
         if let Ok(map) = self.requests.lock() {
             for ((endpoint, method, status), n) in map.iter() {
@@ -42,12 +45,22 @@ impl Metrics {
         }
         out.push_str("# HELP vial_bytes_received_total Blob bytes received in uploads.\n");
         out.push_str("# TYPE vial_bytes_received_total counter\n");
-        let _ = writeln!(out, "vial_bytes_received_total {}", self.bytes_in.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "vial_bytes_received_total {}",
+            self.bytes_in.load(Ordering::Relaxed)
+        );
         out.push_str("# HELP vial_bytes_sent_total Blob bytes sent in downloads.\n");
         out.push_str("# TYPE vial_bytes_sent_total counter\n");
-        let _ = writeln!(out, "vial_bytes_sent_total {}", self.bytes_out.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "vial_bytes_sent_total {}",
+            self.bytes_out.load(Ordering::Relaxed)
+        );
         if let Some(n) = uploads_open {
-            out.push_str("# HELP vial_upload_sessions_open Upload sessions started and not yet finished.\n");
+            out.push_str(
+                "# HELP vial_upload_sessions_open Upload sessions started and not yet finished.\n",
+            );
             out.push_str("# TYPE vial_upload_sessions_open gauge\n");
             let _ = writeln!(out, "vial_upload_sessions_open {n}");
         }

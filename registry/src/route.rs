@@ -26,6 +26,10 @@ pub enum Endpoint {
     TagsList(RepoName),
     /// `/v2/<name>/referrers/<digest>`
     Referrers(RepoName, Digest),
+    /// `/v2/<name>/_vial/blobs/present`: vial's bulk existence check (extension).
+    BlobsPresent(RepoName),
+    /// `/v2/<name>/_vial/versions`: sealed volume versions (extension).
+    Versions(RepoName),
 }
 
 impl Endpoint {
@@ -40,6 +44,8 @@ impl Endpoint {
             Endpoint::Upload(..) => "upload",
             Endpoint::TagsList(..) => "tags",
             Endpoint::Referrers(..) => "referrers",
+            Endpoint::BlobsPresent(..) => "vial_blobs_present",
+            Endpoint::Versions(..) => "vial_versions",
         }
     }
 }
@@ -57,6 +63,12 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
     let segments: Vec<&str> = rest.split('/').collect();
     let parsed = match segments.as_slice() {
         [name @ .., "tags", "list"] if !name.is_empty() => repo(name).map(Endpoint::TagsList),
+        // `_vial` cannot be a repository component (components start with a letter or digit), so
+        // these extension paths never shadow a repository.
+        [name @ .., "_vial", "blobs", "present"] if !name.is_empty() => {
+            repo(name).map(Endpoint::BlobsPresent)
+        }
+        [name @ .., "_vial", "versions"] if !name.is_empty() => repo(name).map(Endpoint::Versions),
         [name @ .., "blobs", "uploads"] | [name @ .., "blobs", "uploads", ""]
             if !name.is_empty() =>
         {
@@ -123,18 +135,36 @@ mod tests {
             ok(&format!("/v2/a/blobs/b/blobs/{D}")),
             Endpoint::Blob(name("a/blobs/b"), Digest::parse(D).unwrap())
         );
-        assert_eq!(ok("/v2/x/manifests/y/blobs/uploads/"), Endpoint::UploadStart(name("x/manifests/y")));
+        assert_eq!(
+            ok("/v2/x/manifests/y/blobs/uploads/"),
+            Endpoint::UploadStart(name("x/manifests/y"))
+        );
         assert_eq!(
             ok("/v2/w/blobs/uploads/1234-ab"),
             Endpoint::Upload(name("w"), "1234-ab".into())
         );
         assert_eq!(
             ok("/v2/tags/list/manifests/latest"),
-            Endpoint::Manifest(name("tags/list"), Target::Tag(Tag::parse("latest").unwrap()))
+            Endpoint::Manifest(
+                name("tags/list"),
+                Target::Tag(Tag::parse("latest").unwrap())
+            )
         );
         assert_eq!(
             ok(&format!("/v2/r/referrers/{D}")),
             Endpoint::Referrers(name("r"), Digest::parse(D).unwrap())
+        );
+    }
+
+    #[test]
+    fn extension_paths_route_to_extensions() {
+        assert_eq!(
+            ok("/v2/w/m/_vial/blobs/present"),
+            Endpoint::BlobsPresent(name("w/m"))
+        );
+        assert_eq!(
+            ok("/v2/w/m/_vial/versions"),
+            Endpoint::Versions(name("w/m"))
         );
     }
 

@@ -125,7 +125,8 @@ impl Server {
     /// SIGTERM, then wait for a clean exit; returns the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
         signal(self.child.id(), "TERM");
-        wait_timeout(&mut self.child, Duration::from_secs(20)).expect("vial serve did not stop on SIGTERM")
+        wait_timeout(&mut self.child, Duration::from_secs(20))
+            .expect("vial serve did not stop on SIGTERM")
     }
 }
 
@@ -142,7 +143,10 @@ impl Drop for Server {
 }
 
 pub fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
 }
 
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
@@ -210,7 +214,11 @@ impl DockerRegistry {
             .expect("start docker-registry");
         let addr = format!("127.0.0.1:{port}");
         wait_http(&format!("http://{addr}/v2/"), Duration::from_secs(20));
-        Some(DockerRegistry { child, addr, _dir: dir })
+        Some(DockerRegistry {
+            child,
+            addr,
+            _dir: dir,
+        })
     }
 }
 
@@ -223,7 +231,9 @@ impl Drop for DockerRegistry {
 
 /// Runs a command, panicking with its output if it fails.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("could not run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
@@ -235,7 +245,12 @@ pub fn run(cmd: &mut Command) -> String {
 }
 
 /// Pushes a blob monolithically and returns its digest.
-pub fn push_blob(client: &reqwest::blocking::Client, base: &str, repo: &str, bytes: &[u8]) -> vial_core::Digest {
+pub fn push_blob(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    repo: &str,
+    bytes: &[u8],
+) -> vial_core::Digest {
     let digest = vial_core::Algorithm::Sha256.digest_bytes(bytes);
     let resp = client
         .post(format!("{base}/v2/{repo}/blobs/uploads/?digest={digest}"))
@@ -243,7 +258,12 @@ pub fn push_blob(client: &reqwest::blocking::Client, base: &str, repo: &str, byt
         .body(bytes.to_vec())
         .send()
         .unwrap();
-    assert_eq!(resp.status(), 201, "push of {digest} to {repo}: {}", resp.text().unwrap_or_default());
+    assert_eq!(
+        resp.status(),
+        201,
+        "push of {digest} to {repo}: {}",
+        resp.text().unwrap_or_default()
+    );
     digest
 }
 
@@ -273,6 +293,11 @@ pub fn push_manifest(
         .body(body.clone())
         .send()
         .unwrap();
-    assert_eq!(resp.status(), 201, "manifest push: {}", resp.text().unwrap_or_default());
+    assert_eq!(
+        resp.status(),
+        201,
+        "manifest push: {}",
+        resp.text().unwrap_or_default()
+    );
     (vial_core::Algorithm::Sha256.digest_bytes(&body), body)
 }

@@ -31,8 +31,13 @@ fn write_blob(layout: &Path, bytes: &[u8]) -> Digest {
 /// Returns the manifest's digest.
 pub fn write_layout(layout: &Path, tag: &str, layer_sizes: &[usize], seed: u64) -> Digest {
     std::fs::create_dir_all(layout).unwrap();
-    std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+    std::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
     let config_digest = write_blob(layout, config);
     let layers: Vec<_> = layer_sizes
         .iter()
@@ -61,6 +66,10 @@ pub fn write_layout(layout: &Path, tag: &str, layer_sizes: &[usize], seed: u64) 
             "annotations": {"org.opencontainers.image.ref.name": tag},
         }],
     });
-    std::fs::write(layout.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
     manifest_digest
 }

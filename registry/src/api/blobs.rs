@@ -13,7 +13,12 @@ use crate::error::{ApiError, ErrorCode};
 use crate::storage::ByteRange;
 use crate::AppState;
 
-pub(super) async fn get(state: &AppState, repo: &RepoName, digest: &Digest, req: &Request) -> Result<Response, ApiError> {
+pub(super) async fn get(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    req: &Request,
+) -> Result<Response, ApiError> {
     let size = state
         .meta
         .blob_in_repo(repo, digest)
@@ -57,12 +62,20 @@ pub(super) async fn get(state: &AppState, repo: &RepoName, digest: &Digest, req:
     set_header(&mut response, "accept-ranges", "bytes");
     set_header(&mut response, "etag", &format!("\"{digest}\""));
     if let Some(r) = range {
-        set_header(&mut response, "content-range", &format!("bytes {}-{}/{size}", r.start, r.end - 1));
+        set_header(
+            &mut response,
+            "content-range",
+            &format!("bytes {}-{}/{size}", r.start, r.end - 1),
+        );
     }
     Ok(response)
 }
 
-pub(super) async fn delete(state: &AppState, repo: &RepoName, digest: &Digest) -> Result<Response, ApiError> {
+pub(super) async fn delete(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+) -> Result<Response, ApiError> {
     if state.meta.unlink_blob(repo, digest).await? {
         tracing::info!(%repo, %digest, "blob unlinked from repository");
         Ok(StatusCode::ACCEPTED.into_response())
@@ -89,17 +102,26 @@ pub(crate) fn parse_range(header: &str, size: u64) -> Result<Option<ByteRange>, 
     let (first, last) = (first.trim(), last.trim());
     let range = if first.is_empty() {
         // Suffix range: the last N bytes.
-        let Ok(n) = last.parse::<u64>() else { return Ok(None) };
+        let Ok(n) = last.parse::<u64>() else {
+            return Ok(None);
+        };
         if n == 0 || size == 0 {
             return Err(());
         }
-        ByteRange { start: size.saturating_sub(n), end: size }
+        ByteRange {
+            start: size.saturating_sub(n),
+            end: size,
+        }
     } else {
-        let Ok(start) = first.parse::<u64>() else { return Ok(None) };
+        let Ok(start) = first.parse::<u64>() else {
+            return Ok(None);
+        };
         let end = if last.is_empty() {
             size
         } else {
-            let Ok(last) = last.parse::<u64>() else { return Ok(None) };
+            let Ok(last) = last.parse::<u64>() else {
+                return Ok(None);
+            };
             if last < start {
                 return Ok(None);
             }

@@ -19,7 +19,9 @@ fn page_size(req: &Request) -> Result<u32, ApiError> {
         Some(n) => n
             .parse::<u64>()
             .map(|n| n.min(u64::from(MAX_PAGE)) as u32)
-            .map_err(|_| ApiError::bad_request(ErrorCode::Unsupported, format!("invalid page size n={n:?}"))),
+            .map_err(|_| {
+                ApiError::bad_request(ErrorCode::Unsupported, format!("invalid page size n={n:?}"))
+            }),
     }
 }
 
@@ -40,19 +42,34 @@ fn link(path: &str, n: u32, last: Option<&String>) -> Option<String> {
     })
 }
 
-pub(super) async fn tags(state: &AppState, repo: &RepoName, req: &Request) -> Result<Response, ApiError> {
+pub(super) async fn tags(
+    state: &AppState,
+    repo: &RepoName,
+    req: &Request,
+) -> Result<Response, ApiError> {
     let n = page_size(req)?;
     let page = state
         .meta
         .list_tags(repo, req.query.get("last"), n)
         .await?
-        .ok_or_else(|| ApiError::not_found(ErrorCode::NameUnknown, format!("repository {repo} is not known")))?;
+        .ok_or_else(|| {
+            ApiError::not_found(
+                ErrorCode::NameUnknown,
+                format!("repository {repo} is not known"),
+            )
+        })?;
     #[derive(Serialize)]
     struct TagList<'a> {
         name: &'a str,
         tags: &'a [String],
     }
-    let mut response = json_response(&TagList { name: repo.as_str(), tags: &page.items }, "application/json");
+    let mut response = json_response(
+        &TagList {
+            name: repo.as_str(),
+            tags: &page.items,
+        },
+        "application/json",
+    );
     if page.more {
         if let Some(l) = link(&format!("/v2/{repo}/tags/list"), n, page.items.last()) {
             set_header(&mut response, "link", &l);
@@ -63,12 +80,20 @@ pub(super) async fn tags(state: &AppState, repo: &RepoName, req: &Request) -> Re
 
 pub(super) async fn catalog(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     let n = page_size(req)?;
-    let page = state.meta.list_repositories(req.query.get("last"), n).await?;
+    let page = state
+        .meta
+        .list_repositories(req.query.get("last"), n)
+        .await?;
     #[derive(Serialize)]
     struct Catalog<'a> {
         repositories: &'a [String],
     }
-    let mut response = json_response(&Catalog { repositories: &page.items }, "application/json");
+    let mut response = json_response(
+        &Catalog {
+            repositories: &page.items,
+        },
+        "application/json",
+    );
     if page.more {
         if let Some(l) = link("/v2/_catalog", n, page.items.last()) {
             set_header(&mut response, "link", &l);
@@ -77,7 +102,12 @@ pub(super) async fn catalog(state: &AppState, req: &Request) -> Result<Response,
     Ok(response)
 }
 
-pub(super) async fn referrers(state: &AppState, repo: &RepoName, subject: &Digest, req: &Request) -> Result<Response, ApiError> {
+pub(super) async fn referrers(
+    state: &AppState,
+    repo: &RepoName,
+    subject: &Digest,
+    req: &Request,
+) -> Result<Response, ApiError> {
     let artifact_type = req.query.get("artifactType");
     let manifests = state.meta.referrers(repo, subject, artifact_type).await?;
     #[derive(Serialize)]

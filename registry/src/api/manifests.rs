@@ -8,13 +8,18 @@ use vial_core::{Algorithm, RepoName, Tag, Target};
 
 use super::{append_header, set_header, Request};
 use crate::error::{ApiError, ErrorCode};
-use crate::storage::ManifestRecord;
+use crate::storage::{ManifestRecord, TagPrecondition};
 use crate::AppState;
 
 /// Manifests larger than this are hashed off the executor.
 const INLINE_HASH_LIMIT: usize = 256 * 1024;
 
-pub(super) async fn get(state: &AppState, repo: &RepoName, target: &Target, req: &Request) -> Result<Response, ApiError> {
+pub(super) async fn get(
+    state: &AppState,
+    repo: &RepoName,
+    target: &Target,
+    req: &Request,
+) -> Result<Response, ApiError> {
     let manifest = state
         .meta
         .get_manifest(repo, target)
@@ -28,12 +33,22 @@ pub(super) async fn get(state: &AppState, repo: &RepoName, target: &Target, req:
     };
     set_header(&mut response, "content-type", &manifest.media_type);
     set_header(&mut response, "content-length", &length.to_string());
-    set_header(&mut response, "docker-content-digest", manifest.digest.as_str());
+    set_header(
+        &mut response,
+        "docker-content-digest",
+        manifest.digest.as_str(),
+    );
     set_header(&mut response, "etag", &format!("\"{}\"", manifest.digest));
     Ok(response)
 }
 
-pub(super) async fn put(state: &AppState, repo: &RepoName, target: &Target, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+pub(super) async fn put(
+    state: &AppState,
+    repo: &RepoName,
+    target: &Target,
+    req: &Request,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     let limit = state.config.max_manifest_size;
     if req.content_length().is_some_and(|l| l > limit) {
         return Err(too_large(limit));
@@ -44,7 +59,8 @@ pub(super) async fn put(state: &AppState, repo: &RepoName, target: &Target, req:
         tags.push(t.clone());
     }
     for t in req.query.all("tag") {
-        let tag = Tag::parse(t).map_err(|e| ApiError::bad_request(ErrorCode::TagInvalid, e.to_string()))?;
+        let tag = Tag::parse(t)
+            .map_err(|e| ApiError::bad_request(ErrorCode::TagInvalid, e.to_string()))?;
         if !tags.contains(&tag) {
             tags.push(tag);
         }
@@ -63,7 +79,13 @@ pub(super) async fn put(state: &AppState, repo: &RepoName, target: &Target, req:
             (content, d)
         })
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                e.to_string(),
+            )
+        })?
     } else {
         let d = algorithm.digest_bytes(&content);
         (content, d)
@@ -88,11 +110,19 @@ pub(super) async fn put(state: &AppState, repo: &RepoName, target: &Target, req:
         blobs: summary.blobs,
         children: summary.children,
     };
-    state.meta.commit_manifest(repo, &record, &tags).await?;
+    let precondition = tag_precondition(req)?;
+    state
+        .meta
+        .commit_manifest(repo, &record, &tags, &precondition)
+        .await?;
     tracing::info!(%repo, %digest, tags = ?tags.iter().map(Tag::as_str).collect::<Vec<_>>(), "manifest committed");
 
     let mut response = StatusCode::CREATED.into_response();
-    set_header(&mut response, "location", &format!("/v2/{repo}/manifests/{digest}"));
+    set_header(
+        &mut response,
+        "location",
+        &format!("/v2/{repo}/manifests/{digest}"),
+    );
     set_header(&mut response, "docker-content-digest", digest.as_str());
     set_header(&mut response, "content-length", "0");
     if let Some(subject) = subject {
@@ -104,7 +134,11 @@ pub(super) async fn put(state: &AppState, repo: &RepoName, target: &Target, req:
     Ok(response)
 }
 
-pub(super) async fn delete(state: &AppState, repo: &RepoName, target: &Target) -> Result<Response, ApiError> {
+pub(super) async fn delete(
+    state: &AppState,
+    repo: &RepoName,
+    target: &Target,
+) -> Result<Response, ApiError> {
     let existed = match target {
         Target::Digest(d) => state.meta.delete_manifest(repo, d).await?,
         Target::Tag(t) => state.meta.delete_tag(repo, t).await?,
@@ -116,13 +150,31 @@ pub(super) async fn delete(state: &AppState, repo: &RepoName, target: &Target) -
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
+/// `If-None-Match: *` (the tag must not exist) or `If-Match: "<digest>"` (the tag must point there):
+/// vial's compare-and-swap for tag moves, on the ETag the manifest GET returns.
+fn tag_precondition(req: &Request) -> Result<TagPrecondition, ApiError> {
+    if req.header("if-none-match").map(str::trim) == Some("*") {
+        return Ok(TagPrecondition::Absent);
+    }
+    match req.header("if-match") {
+        None => Ok(TagPrecondition::None),
+        Some(v) => {
+            let d = v.trim().trim_start_matches("W/").trim_matches('"');
+            crate::route::parse_digest(d).map(TagPrecondition::At)
+        }
+    }
+}
+
 /// Reads a request body into memory, refusing it as soon as it passes `limit` bytes.
 async fn read_limited(body: axum::body::Body, limit: u64) -> Result<Vec<u8>, ApiError> {
     let mut stream = body.into_data_stream();
     let mut content = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| {
-            ApiError::bad_request(ErrorCode::ManifestInvalid, format!("manifest body was not received whole: {e}"))
+            ApiError::bad_request(
+                ErrorCode::ManifestInvalid,
+                format!("manifest body was not received whole: {e}"),
+            )
         })?;
         if content.len() as u64 + chunk.len() as u64 > limit {
             return Err(too_large(limit));
@@ -145,5 +197,8 @@ fn manifest_unknown(repo: &RepoName, target: &Target) -> ApiError {
         Target::Digest(d) => d.to_string(),
         Target::Tag(t) => format!("tag {t}"),
     };
-    ApiError::not_found(ErrorCode::ManifestUnknown, format!("manifest {what} is not in {repo}"))
+    ApiError::not_found(
+        ErrorCode::ManifestUnknown,
+        format!("manifest {what} is not in {repo}"),
+    )
 }

@@ -6,6 +6,7 @@ mod listing;
 mod manifests;
 mod sessions;
 mod uploads;
+mod vial;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,11 +44,17 @@ impl Query {
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.0.iter().filter(move |(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -58,7 +65,8 @@ impl Request {
 
     /// The declared body length, if the client sent a valid `Content-Length`.
     pub fn content_length(&self) -> Option<u64> {
-        self.header("content-length").and_then(|v| v.trim().parse().ok())
+        self.header("content-length")
+            .and_then(|v| v.trim().parse().ok())
     }
 }
 
@@ -76,8 +84,11 @@ pub(crate) async fn dispatch(
         let (label, mut response) = match route::parse(uri.path()) {
             None => (
                 "unknown",
-                ApiError::not_found(ErrorCode::Unsupported, format!("no API endpoint at {}", uri.path()))
-                    .into_response(),
+                ApiError::not_found(
+                    ErrorCode::Unsupported,
+                    format!("no API endpoint at {}", uri.path()),
+                )
+                .into_response(),
             ),
             Some(Err(e)) => ("invalid", e.into_response()),
             Some(Ok(endpoint)) => {
@@ -98,7 +109,9 @@ pub(crate) async fn dispatch(
             HeaderValue::from_static("registry/2.0"),
         );
         let status = response.status();
-        state.metrics.record_request(label, method.as_str(), status.as_u16());
+        state
+            .metrics
+            .record_request(label, method.as_str(), status.as_u16());
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
@@ -111,7 +124,12 @@ pub(crate) async fn dispatch(
     .await
 }
 
-async fn handle(state: &AppState, endpoint: Endpoint, req: Request, body: Body) -> Result<Response, ApiError> {
+async fn handle(
+    state: &AppState,
+    endpoint: Endpoint,
+    req: Request,
+    body: Body,
+) -> Result<Response, ApiError> {
     match (endpoint, req.method.clone()) {
         (Endpoint::Base, Method::GET | Method::HEAD) => Ok(StatusCode::OK.into_response()),
         (Endpoint::Catalog, Method::GET) => listing::catalog(state, &req).await,
@@ -131,16 +149,31 @@ async fn handle(state: &AppState, endpoint: Endpoint, req: Request, body: Body) 
         (Endpoint::Blob(repo, digest), Method::GET | Method::HEAD) => {
             blobs::get(state, &repo, &digest, &req).await
         }
-        (Endpoint::Blob(repo, digest), Method::DELETE) => blobs::delete(state, &repo, &digest).await,
-        (Endpoint::UploadStart(repo), Method::POST) => uploads::start(state, &repo, &req, body).await,
+        (Endpoint::Blob(repo, digest), Method::DELETE) => {
+            blobs::delete(state, &repo, &digest).await
+        }
+        (Endpoint::UploadStart(repo), Method::POST) => {
+            uploads::start(state, &repo, &req, body).await
+        }
         (Endpoint::Upload(repo, id), Method::GET) => uploads::status(state, &repo, &id).await,
-        (Endpoint::Upload(repo, id), Method::PATCH) => uploads::patch(state, &repo, &id, &req, body).await,
-        (Endpoint::Upload(repo, id), Method::PUT) => uploads::finish(state, &repo, &id, &req, body).await,
+        (Endpoint::Upload(repo, id), Method::PATCH) => {
+            uploads::patch(state, &repo, &id, &req, body).await
+        }
+        (Endpoint::Upload(repo, id), Method::PUT) => {
+            uploads::finish(state, &repo, &id, &req, body).await
+        }
         (Endpoint::Upload(repo, id), Method::DELETE) => uploads::cancel(state, &repo, &id).await,
+        (Endpoint::BlobsPresent(repo), Method::POST) => {
+            vial::blobs_present(state, &repo, body).await
+        }
+        (Endpoint::Versions(repo), Method::GET) => vial::versions(state, &repo).await,
         (endpoint, method) => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Unsupported,
-            format!("{method} is not supported on the {} endpoint", endpoint.label()),
+            format!(
+                "{method} is not supported on the {} endpoint",
+                endpoint.label()
+            ),
         )),
     }
 }

@@ -12,7 +12,12 @@ use crate::storage::{now_millis, StorageError, UploadSession};
 use crate::AppState;
 
 /// `POST /v2/<name>/blobs/uploads/`: mount, monolithic upload, or a new session.
-pub(super) async fn start(state: &AppState, repo: &RepoName, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+pub(super) async fn start(
+    state: &AppState,
+    repo: &RepoName,
+    req: &Request,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     if let Some(mount) = req.query.get("mount") {
         let digest = parse_digest(mount)?;
         if let Some(from) = req.query.get("from").and_then(|f| RepoName::parse(f).ok()) {
@@ -46,7 +51,10 @@ pub(super) async fn start(state: &AppState, repo: &RepoName, req: &Request, body
             updated_at: now,
         })
         .await?;
-    state.sessions.start(&id, monolithic.as_ref().map_or(algorithm, Digest::algorithm));
+    state.sessions.start(
+        &id,
+        monolithic.as_ref().map_or(algorithm, Digest::algorithm),
+    );
 
     match monolithic {
         Some(digest) => {
@@ -64,26 +72,51 @@ pub(super) async fn start(state: &AppState, repo: &RepoName, req: &Request, body
             }
             result
         }
-        None => Ok(session_response(StatusCode::ACCEPTED, repo, &id, 0, Some(state.blobs.min_chunk_length()))),
+        None => Ok(session_response(
+            StatusCode::ACCEPTED,
+            repo,
+            &id,
+            0,
+            Some(state.blobs.min_chunk_length()),
+        )),
     }
 }
 
 /// `GET /v2/<name>/blobs/uploads/<id>`: how much the session holds.
-pub(super) async fn status(state: &AppState, repo: &RepoName, id: &str) -> Result<Response, ApiError> {
+pub(super) async fn status(
+    state: &AppState,
+    repo: &RepoName,
+    id: &str,
+) -> Result<Response, ApiError> {
     session(state, repo, id).await?;
     let size = state
         .blobs
         .upload_size(id)
         .await?
         .ok_or_else(|| ApiError::upload_unknown(id))?;
-    Ok(session_response(StatusCode::NO_CONTENT, repo, id, size, None))
+    Ok(session_response(
+        StatusCode::NO_CONTENT,
+        repo,
+        id,
+        size,
+        None,
+    ))
 }
 
 /// `PATCH /v2/<name>/blobs/uploads/<id>`: append one chunk, in order.
-pub(super) async fn patch(state: &AppState, repo: &RepoName, id: &str, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+pub(super) async fn patch(
+    state: &AppState,
+    repo: &RepoName,
+    id: &str,
+    req: &Request,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     session(state, repo, id).await?;
-    let range = req.header("content-range").map(parse_content_range).transpose()?;
-    let declared = declared_length(&req, range)?;
+    let range = req
+        .header("content-range")
+        .map(parse_content_range)
+        .transpose()?;
+    let declared = declared_length(req, range)?;
     let lock = state.sessions.get(id);
     let mut hash = lock.lock().await;
     let size = append(state, id, &mut hash, body, range.map(|r| r.0), declared)
@@ -94,15 +127,29 @@ pub(super) async fn patch(state: &AppState, repo: &RepoName, id: &str, req: &Req
 }
 
 /// `PUT /v2/<name>/blobs/uploads/<id>?digest=`: optional last chunk, verify, publish.
-pub(super) async fn finish(state: &AppState, repo: &RepoName, id: &str, req: &Request, body: axum::body::Body) -> Result<Response, ApiError> {
+pub(super) async fn finish(
+    state: &AppState,
+    repo: &RepoName,
+    id: &str,
+    req: &Request,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     let digest = req
         .query
         .get("digest")
-        .ok_or_else(|| ApiError::bad_request(ErrorCode::DigestInvalid, "the digest query parameter is required to finish an upload"))
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                ErrorCode::DigestInvalid,
+                "the digest query parameter is required to finish an upload",
+            )
+        })
         .and_then(parse_digest)?;
     session(state, repo, id).await?;
-    let range = req.header("content-range").map(parse_content_range).transpose()?;
-    let declared = declared_length(&req, range)?;
+    let range = req
+        .header("content-range")
+        .map(parse_content_range)
+        .transpose()?;
+    let declared = declared_length(req, range)?;
     let lock = state.sessions.get(id);
     let mut hash = lock.lock().await;
     if declared != Some(0) {
@@ -114,7 +161,11 @@ pub(super) async fn finish(state: &AppState, repo: &RepoName, id: &str, req: &Re
 }
 
 /// `DELETE /v2/<name>/blobs/uploads/<id>`: abandon the session and its bytes.
-pub(super) async fn cancel(state: &AppState, repo: &RepoName, id: &str) -> Result<Response, ApiError> {
+pub(super) async fn cancel(
+    state: &AppState,
+    repo: &RepoName,
+    id: &str,
+) -> Result<Response, ApiError> {
     session(state, repo, id).await?;
     let lock = state.sessions.get(id);
     let _held = lock.lock().await;
@@ -180,7 +231,9 @@ async fn append(
             ErrorCode::BlobUploadInvalid,
             format!("upload chunk was not received whole, nothing of it was kept: {e}"),
         )),
-        Err(StorageError::OffsetMismatch { actual, expected, .. }) => Err(out_of_order(actual, expected)),
+        Err(StorageError::OffsetMismatch {
+            actual, expected, ..
+        }) => Err(out_of_order(actual, expected)),
         Err(StorageError::UploadMissing(_)) => Err(ApiError::upload_unknown(id)),
         Err(e) => Err(e.into()),
     }
@@ -202,7 +255,10 @@ async fn commit(
     let computed = match hash.hasher.take() {
         Some(h) if hash.offset == size && h.algorithm() == digest.algorithm() => h.finish(),
         _ => {
-            tracing::debug!(upload = id, "running digest unavailable, hashing the upload again");
+            tracing::debug!(
+                upload = id,
+                "running digest unavailable, hashing the upload again"
+            );
             let stream = state.blobs.read_upload(id).await?;
             hash_stream(stream, digest.algorithm())
                 .await
@@ -296,7 +352,13 @@ fn upload_location(repo: &RepoName, id: &str) -> String {
     format!("/v2/{repo}/blobs/uploads/{id}")
 }
 
-fn session_response(status: StatusCode, repo: &RepoName, id: &str, size: u64, min_chunk: Option<u64>) -> Response {
+fn session_response(
+    status: StatusCode,
+    repo: &RepoName,
+    id: &str,
+    size: u64,
+    min_chunk: Option<u64>,
+) -> Response {
     let mut r = status.into_response();
     set_header(&mut r, "location", &upload_location(repo, id));
     set_header(&mut r, "range", &range_value(size));

@@ -227,7 +227,10 @@ fn publish(id: &str, from: &Path, to: &Path) -> Result<u64, StorageError> {
         }
         Err(e) => return Err(StorageError::io(from, e)),
     };
-    let size = file.metadata().map_err(|e| StorageError::io(from, e))?.len();
+    let size = file
+        .metadata()
+        .map_err(|e| StorageError::io(from, e))?
+        .len();
     if let Ok(existing) = std::fs::metadata(to) {
         if existing.len() == size {
             // Same digest, same bytes: already published by an earlier upload.
@@ -236,9 +239,9 @@ fn publish(id: &str, from: &Path, to: &Path) -> Result<u64, StorageError> {
         }
     }
     file.sync_all().map_err(|e| StorageError::io(from, e))?;
-    let dir = to
-        .parent()
-        .ok_or_else(|| StorageError::Corrupt(format!("blob path {} has no parent", to.display())))?;
+    let dir = to.parent().ok_or_else(|| {
+        StorageError::Corrupt(format!("blob path {} has no parent", to.display()))
+    })?;
     std::fs::create_dir_all(dir).map_err(|e| StorageError::io(dir, e))?;
     std::fs::rename(from, to).map_err(|e| StorageError::io(to, e))?;
     std::fs::File::open(dir)

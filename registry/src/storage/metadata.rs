@@ -24,6 +24,26 @@ pub struct ManifestRecord {
     pub children: Vec<Digest>,
 }
 
+/// A condition on where a tag points before a manifest push moves it (HTTP `If-Match` /
+/// `If-None-Match: *` on the manifest PUT), for compare-and-swap tag moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TagPrecondition {
+    None,
+    /// The tag must not exist yet.
+    Absent,
+    /// The tag must point at this digest now.
+    At(Digest),
+}
+
+/// A sealed version as `vial versions` lists it.
+#[derive(Debug, Clone)]
+pub struct VersionRow {
+    pub digest: Digest,
+    pub created_at: i64,
+    pub annotations: Option<BTreeMap<String, String>>,
+    pub tags: Vec<String>,
+}
+
 /// A manifest as stored.
 #[derive(Debug, Clone)]
 pub struct StoredManifest {
@@ -39,6 +59,12 @@ pub enum CommitManifestError {
     MissingBlobs(Vec<Digest>),
     #[error("index references manifests the repository does not hold: {}", list(.0))]
     MissingManifests(Vec<Digest>),
+    #[error("tag {tag} points at {current:?}, not at the expected {expected:?}")]
+    TagMoved {
+        tag: String,
+        current: Option<Digest>,
+        expected: TagPrecondition,
+    },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -76,8 +102,11 @@ pub struct Page {
 #[async_trait]
 pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// The size of a blob if it is linked to `repo`.
-    async fn blob_in_repo(&self, repo: &RepoName, digest: &Digest)
-        -> Result<Option<u64>, StorageError>;
+    async fn blob_in_repo(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<u64>, StorageError>;
 
     /// Records a verified blob and links it to `repo`.
     async fn commit_blob(
@@ -122,7 +151,23 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         repo: &RepoName,
         manifest: &ManifestRecord,
         tags: &[Tag],
+        precondition: &TagPrecondition,
     ) -> Result<(), CommitManifestError>;
+
+    /// Of `digests`, those the repository holds after the call: blobs already linked, and blobs the
+    /// registry holds in another repository, which are linked (a bulk cross-repository mount).
+    async fn link_present_blobs(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+    ) -> Result<Vec<Digest>, StorageError>;
+
+    /// Manifests of `artifact_type` in `repo`, newest first, with the tags pointing at each.
+    async fn list_versions(
+        &self,
+        repo: &RepoName,
+        artifact_type: &str,
+    ) -> Result<Option<Vec<VersionRow>>, StorageError>;
 
     async fn get_manifest(
         &self,

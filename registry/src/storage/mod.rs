@@ -13,7 +13,8 @@ mod sqlite;
 pub use blob::{BlobStore, ByteRange, ByteStream};
 pub use fs::FsBlobStore;
 pub use metadata::{
-    CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, UploadSession,
+    CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, TagPrecondition,
+    UploadSession, VersionRow,
 };
 pub use sqlite::SqliteMetadataStore;
 
@@ -36,7 +37,11 @@ pub enum StorageError {
     #[error("upload session {0} has no data in the blob store")]
     UploadMissing(String),
     #[error("upload session {id} is at offset {actual}, not {expected}")]
-    OffsetMismatch { id: String, expected: u64, actual: u64 },
+    OffsetMismatch {
+        id: String,
+        expected: u64,
+        actual: u64,
+    },
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
 }

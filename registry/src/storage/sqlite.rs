@@ -16,7 +16,8 @@ use vial_core::manifest::Descriptor;
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use super::metadata::{
-    CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, UploadSession,
+    CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, TagPrecondition,
+    UploadSession, VersionRow,
 };
 use super::{now_millis, StorageError};
 
@@ -90,11 +91,13 @@ async fn repo_id_for_write(
     tx: &mut Transaction<'_, Sqlite>,
     repo: &RepoName,
 ) -> Result<i64, sqlx::Error> {
-    sqlx::query("INSERT INTO repositories (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING")
-        .bind(repo.as_str())
-        .bind(now_millis())
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO repositories (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(repo.as_str())
+    .bind(now_millis())
+    .execute(&mut **tx)
+    .await?;
     sqlx::query_scalar("SELECT id FROM repositories WHERE name = ?")
         .bind(repo.as_str())
         .fetch_one(&mut **tx)
@@ -259,11 +262,12 @@ impl MetadataStore for SqliteMetadataStore {
         before_millis: i64,
         limit: u32,
     ) -> Result<Vec<UploadSession>, StorageError> {
-        let rows = sqlx::query("SELECT * FROM uploads WHERE updated_at < ? ORDER BY updated_at LIMIT ?")
-            .bind(before_millis)
-            .bind(limit)
-            .fetch_all(&self.reader)
-            .await?;
+        let rows =
+            sqlx::query("SELECT * FROM uploads WHERE updated_at < ? ORDER BY updated_at LIMIT ?")
+                .bind(before_millis)
+                .bind(limit)
+                .fetch_all(&self.reader)
+                .await?;
         rows.iter().map(upload_from_row).collect()
     }
 
@@ -279,10 +283,35 @@ impl MetadataStore for SqliteMetadataStore {
         repo: &RepoName,
         manifest: &ManifestRecord,
         tags: &[Tag],
+        precondition: &TagPrecondition,
     ) -> Result<(), CommitManifestError> {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
+
+        if *precondition != TagPrecondition::None {
+            for tag in tags {
+                let current: Option<String> = sqlx::query_scalar(
+                    "SELECT manifest_digest FROM tags WHERE repository_id = ? AND name = ?",
+                )
+                .bind(repo_id)
+                .bind(tag.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                let ok = match precondition {
+                    TagPrecondition::None => true,
+                    TagPrecondition::Absent => current.is_none(),
+                    TagPrecondition::At(d) => current.as_deref() == Some(d.as_str()),
+                };
+                if !ok {
+                    return Err(CommitManifestError::TagMoved {
+                        tag: tag.to_string(),
+                        current: current.as_deref().map(parse_digest).transpose()?,
+                        expected: precondition.clone(),
+                    });
+                }
+            }
+        }
 
         let mut missing_blobs = Vec::new();
         for digest in dedup(&manifest.blobs) {
@@ -465,12 +494,13 @@ impl MetadataStore for SqliteMetadataStore {
         last: Option<&str>,
         limit: u32,
     ) -> Result<Page, StorageError> {
-        let mut items: Vec<String> =
-            sqlx::query_scalar("SELECT name FROM repositories WHERE name > ? ORDER BY name LIMIT ?")
-                .bind(last.unwrap_or(""))
-                .bind(i64::from(limit) + 1)
-                .fetch_all(&self.reader)
-                .await?;
+        let mut items: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM repositories WHERE name > ? ORDER BY name LIMIT ?",
+        )
+        .bind(last.unwrap_or(""))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.reader)
+        .await?;
         let more = items.len() > limit as usize;
         items.truncate(limit as usize);
         Ok(Page { items, more })
@@ -511,6 +541,73 @@ impl MetadataStore for SqliteMetadataStore {
                 })
             })
             .collect()
+    }
+
+    async fn link_present_blobs(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+    ) -> Result<Vec<Digest>, StorageError> {
+        let now = now_millis();
+        let mut tx = self.writer.begin().await?;
+        let repo_id = repo_id_for_write(&mut tx, repo).await?;
+        let mut present = Vec::new();
+        for digest in digests {
+            let known: Option<i64> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = ?")
+                .bind(digest.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+            if known.is_some() {
+                sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING")
+                    .bind(repo_id)
+                    .bind(digest.as_str())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                present.push(digest.clone());
+            }
+        }
+        tx.commit().await?;
+        Ok(present)
+    }
+
+    async fn list_versions(
+        &self,
+        repo: &RepoName,
+        artifact_type: &str,
+    ) -> Result<Option<Vec<VersionRow>>, StorageError> {
+        let Some(repo_id) = repo_id(&self.reader, repo).await? else {
+            return Ok(None);
+        };
+        let rows = sqlx::query(
+            "SELECT m.digest, m.created_at, m.annotations,
+                    (SELECT group_concat(t.name, ' ') FROM tags t
+                      WHERE t.repository_id = m.repository_id AND t.manifest_digest = m.digest) AS tags
+               FROM manifests m
+              WHERE m.repository_id = ? AND m.artifact_type = ?
+              ORDER BY m.created_at DESC, m.digest",
+        )
+        .bind(repo_id)
+        .bind(artifact_type)
+        .fetch_all(&self.reader)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let digest: String = row.try_get("digest")?;
+            let annotations: Option<String> = row.try_get("annotations")?;
+            let tags: Option<String> = row.try_get("tags")?;
+            let mut tags: Vec<String> = tags
+                .map(|t| t.split(' ').map(str::to_owned).collect())
+                .unwrap_or_default();
+            tags.sort();
+            out.push(VersionRow {
+                digest: parse_digest(&digest)?,
+                created_at: row.try_get("created_at")?,
+                annotations: annotations.and_then(|a| serde_json::from_str(&a).ok()),
+                tags,
+            });
+        }
+        Ok(Some(out))
     }
 
     async fn ping(&self) -> Result<(), StorageError> {

@@ -1,0 +1,117 @@
+//! vial's extensions to the Distribution API, under `/v2/<name>/_vial/…`. Clients use them when
+//! present and fall back to plain OCI calls when a registry answers 404.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use vial_core::volume::VOLUME_ARTIFACT_TYPE;
+use vial_core::{Digest, RepoName};
+
+use super::set_header;
+use crate::error::{ApiError, ErrorCode};
+use crate::AppState;
+
+/// Most digests one existence check may ask about.
+pub const MAX_PRESENT_DIGESTS: usize = 4096;
+/// Generous room for 4096 digests of any supported algorithm in JSON.
+const MAX_PRESENT_BODY: usize = 1024 * 1024;
+
+#[derive(Deserialize)]
+struct PresentRequest {
+    digests: Vec<Digest>,
+}
+
+#[derive(Serialize)]
+struct PresentResponse {
+    present: Vec<Digest>,
+}
+
+/// `POST /v2/<name>/_vial/blobs/present` with `{"digests": [...]}`: which of these blobs the
+/// repository holds, linking blobs the registry holds elsewhere, so one request replaces thousands
+/// of HEADs and cross-repository mounts.
+pub(super) async fn blobs_present(
+    state: &AppState,
+    repo: &RepoName,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(ErrorCode::Unsupported, format!("request body failed: {e}"))
+        })?;
+        if bytes.len() + chunk.len() > MAX_PRESENT_BODY {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::SizeInvalid,
+                "existence check body is too large",
+            ));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let request: PresentRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(
+            ErrorCode::DigestInvalid,
+            format!("expected {{\"digests\": [...]}} with valid digests: {e}"),
+        )
+    })?;
+    if request.digests.len() > MAX_PRESENT_DIGESTS {
+        return Err(ApiError::bad_request(
+            ErrorCode::SizeInvalid,
+            format!(
+                "at most {MAX_PRESENT_DIGESTS} digests per request, got {}",
+                request.digests.len()
+            ),
+        ));
+    }
+    let present = state
+        .meta
+        .link_present_blobs(repo, &request.digests)
+        .await?;
+    let body = serde_json::to_vec(&PresentResponse { present }).unwrap_or_default();
+    let mut r = (StatusCode::OK, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    Ok(r)
+}
+
+#[derive(Serialize)]
+struct Version<'a> {
+    digest: &'a Digest,
+    created_at: String,
+    tags: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+}
+
+/// `GET /v2/<name>/_vial/versions`: every sealed volume version of the repository, newest first.
+pub(super) async fn versions(state: &AppState, repo: &RepoName) -> Result<Response, ApiError> {
+    let rows = state
+        .meta
+        .list_versions(repo, VOLUME_ARTIFACT_TYPE)
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(
+                ErrorCode::NameUnknown,
+                format!("repository {repo} is not known"),
+            )
+        })?;
+    let versions: Vec<Version> = rows
+        .iter()
+        .map(|r| Version {
+            digest: &r.digest,
+            created_at: humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_millis(r.created_at.max(0) as u64),
+            )
+            .to_string(),
+            tags: &r.tags,
+            annotations: r.annotations.as_ref(),
+        })
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "name": repo, "versions": versions }))
+        .unwrap_or_default();
+    let mut r = (StatusCode::OK, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    Ok(r)
+}
