@@ -9,7 +9,9 @@ use vial_registry::config::DEFAULT_MAX_MANIFEST_SIZE;
 use vial_registry::Config;
 
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial")]
+#[command(
+    after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial"
+)]
 pub struct ServeArgs {
     /// Address to listen on. Use port 0 to pick a free port (the chosen address is printed).
     #[arg(long, env = "VIAL_ADDR", default_value = "127.0.0.1:5000")]
