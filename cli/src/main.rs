@@ -1,7 +1,12 @@
 //! The `vial` command line: argument parsing, logging set-up and error reporting around the
 //! subcommands, each in its own module.
 
+mod common;
+mod info;
+mod login;
+mod push;
 mod serve;
+mod tag;
 
 use std::process::ExitCode;
 
@@ -33,6 +38,22 @@ enum LogFormat {
 enum Command {
     /// Run an OCI registry that stores volumes (embedded SQLite + local files by default).
     Serve(serve::ServeArgs),
+    /// Publish a directory as a new sealed version; prints the pinned reference.
+    Push(push::PushArgs),
+    /// Download a version into a directory (parallel, verified, resumable).
+    Pull(push::PullArgs),
+    /// Point, list and remove tags.
+    Tag(tag::TagArgs),
+    /// List the sealed versions of a volume: digest, size, files, tags, creation time.
+    Versions(info::VersionsArgs),
+    /// List the volumes of a registry or namespace.
+    Ls(info::LsArgs),
+    /// Show a version's files, sizes and chunk counts.
+    Inspect(info::InspectArgs),
+    /// Compare two versions: files added, removed, changed, and bytes to fetch.
+    Diff(info::DiffArgs),
+    /// Save credentials for a registry in the Docker config file.
+    Login(login::LoginArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +61,14 @@ fn main() -> ExitCode {
     init_logging(&cli.log, cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Push(args) => push::run_push(args),
+        Command::Pull(args) => push::run_pull(args),
+        Command::Tag(args) => tag::run(args),
+        Command::Versions(args) => info::run_versions(args),
+        Command::Ls(args) => info::run_ls(args),
+        Command::Inspect(args) => info::run_inspect(args),
+        Command::Diff(args) => info::run_diff(args),
+        Command::Login(args) => login::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

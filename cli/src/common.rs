@@ -1,0 +1,116 @@
+//! What every registry subcommand shares: connection flags, reference parsing, progress bars and
+//! human-readable sizes.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use vial_client::progress::{Event, Progress};
+use vial_client::{Registry, RegistryOptions};
+use vial_core::Reference;
+
+#[derive(Debug, Clone, Args)]
+pub struct RegistryArgs {
+    /// Talk to the registry over plain HTTP (loopback hosts always use plain HTTP).
+    #[arg(long, env = "VIAL_PLAIN_HTTP", global = true)]
+    pub plain_http: bool,
+}
+
+impl RegistryArgs {
+    pub fn connect(&self, host: &str) -> anyhow::Result<Registry> {
+        let options = RegistryOptions {
+            plain_http: self.plain_http,
+            ..RegistryOptions::default()
+        };
+        Registry::new(host, &options).with_context(|| format!("cannot use registry {host}"))
+    }
+}
+
+pub fn parse_reference(s: &str) -> anyhow::Result<Reference> {
+    Reference::parse(s).with_context(|| format!("invalid reference {s:?}"))
+}
+
+/// Runs an async body on a fresh multi-threaded runtime.
+pub fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")?
+        .block_on(f)
+}
+
+/// `1.5 GiB`-style sizes.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Two bars on stderr, drawn only when stderr is a terminal: bytes read and hashed, bytes moved.
+pub struct Bars {
+    _multi: indicatif::MultiProgress,
+    read: ProgressBar,
+    transfer: ProgressBar,
+}
+
+impl Bars {
+    pub fn new(read_label: &str, transfer_label: &str, enabled: bool) -> Arc<Bars> {
+        let multi = indicatif::MultiProgress::with_draw_target(if enabled {
+            indicatif::ProgressDrawTarget::stderr()
+        } else {
+            indicatif::ProgressDrawTarget::hidden()
+        });
+        let style = ProgressStyle::with_template(
+            "{prefix:>10} {bar:30} {binary_bytes:>10}/{binary_total_bytes:<10} {binary_bytes_per_sec:>12} {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let read = multi.add(
+            ProgressBar::new(0)
+                .with_style(style.clone())
+                .with_prefix(read_label.to_owned()),
+        );
+        let transfer = multi.add(
+            ProgressBar::new(0)
+                .with_style(style)
+                .with_prefix(transfer_label.to_owned()),
+        );
+        Arc::new(Bars {
+            _multi: multi,
+            read,
+            transfer,
+        })
+    }
+
+    pub fn finish(&self) {
+        self.read.finish();
+        self.transfer.finish();
+    }
+}
+
+impl Progress for Bars {
+    fn event(&self, event: Event) {
+        match event {
+            Event::Scanned { bytes, .. } => self.read.set_length(bytes),
+            Event::Hashed(n) => self.read.inc(n),
+            Event::Needed(n) => self.transfer.inc_length(n),
+            Event::Transferred(n) => self.transfer.inc(n),
+        }
+    }
+}
+
+/// Prints a value as pretty JSON on stdout.
+#[allow(clippy::print_stdout)]
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}

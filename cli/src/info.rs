@@ -1,0 +1,325 @@
+//! Read-only views: `vial versions`, `vial ls`, `vial inspect`, `vial diff`.
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Serialize;
+use vial_client::volume;
+use vial_core::volume::{EntryKind, Tree, ANNOTATION_BYTES, ANNOTATION_FILES};
+use vial_core::Digest;
+
+use crate::common::{block_on, human_bytes, parse_reference, print_json, RegistryArgs};
+
+#[derive(Debug, Args)]
+pub struct VersionsArgs {
+    /// The volume: host[:port]/name
+    reference: String,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// A registry, or a namespace in it: host[:port][/namespace]
+    location: String,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The version: host[:port]/name:tag or host[:port]/name@sha256:…
+    reference: String,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The version a node already holds.
+    from: String,
+    /// The version it moves to.
+    to: String,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run_versions(args: VersionsArgs) -> anyhow::Result<()> {
+    let reference = parse_reference(&args.reference)?;
+    let registry = args.registry.connect(reference.registry())?;
+    block_on(async {
+        let versions = match registry.versions(reference.repo()).await.with_context(|| format!("cannot list versions of {reference}"))? {
+            Some(v) => v,
+            None => bail!("{} does not have vial's versions extension; `vial tag ls` lists tagged versions on any registry", reference.registry()),
+        };
+        if args.json {
+            return print_json(&versions);
+        }
+        println!(
+            "{:<71}  {:>10}  {:>6}  {:<20}  TAGS",
+            "DIGEST", "SIZE", "FILES", "CREATED"
+        );
+        for v in &versions {
+            let ann = |k: &str| {
+                v.annotations
+                    .as_ref()
+                    .and_then(|a| a.get(k))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let size = ann(ANNOTATION_BYTES)
+                .parse::<u64>()
+                .map(human_bytes)
+                .unwrap_or_default();
+            println!(
+                "{:<71}  {:>10}  {:>6}  {:<20}  {}",
+                v.digest,
+                size,
+                ann(ANNOTATION_FILES),
+                v.created_at,
+                v.tags.join(",")
+            );
+        }
+        Ok(())
+    })
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run_ls(args: LsArgs) -> anyhow::Result<()> {
+    let (host, namespace) = args
+        .location
+        .split_once('/')
+        .unwrap_or((&args.location, ""));
+    let namespace = namespace.trim_end_matches('/');
+    let registry = args.registry.connect(host)?;
+    block_on(async {
+        let repos = registry
+            .catalog()
+            .await
+            .with_context(|| format!("cannot list volumes on {host}"))?;
+        let prefix = if namespace.is_empty() {
+            String::new()
+        } else {
+            format!("{namespace}/")
+        };
+        let names: Vec<String> = repos
+            .into_iter()
+            .filter(|r| r.starts_with(&prefix))
+            .map(|r| format!("{host}/{r}"))
+            .collect();
+        if args.json {
+            print_json(&names)
+        } else {
+            for n in &names {
+                println!("{n}");
+            }
+            Ok(())
+        }
+    })
+}
+
+#[derive(Serialize)]
+struct FileRow<'a> {
+    path: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    size: u64,
+    chunks: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<&'a str>,
+}
+
+fn rows(tree: &Tree) -> Vec<FileRow<'_>> {
+    tree.entries
+        .iter()
+        .map(|e| match &e.kind {
+            EntryKind::File { size, chunks, .. } => FileRow {
+                path: &e.path,
+                kind: "file",
+                size: *size,
+                chunks: chunks.len(),
+                target: None,
+            },
+            EntryKind::Dir { .. } => FileRow {
+                path: &e.path,
+                kind: "dir",
+                size: 0,
+                chunks: 0,
+                target: None,
+            },
+            EntryKind::Symlink { target } => FileRow {
+                path: &e.path,
+                kind: "symlink",
+                size: 0,
+                chunks: 0,
+                target: Some(target),
+            },
+        })
+        .collect()
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run_inspect(args: InspectArgs) -> anyhow::Result<()> {
+    let reference = parse_reference(&args.reference)?;
+    let registry = args.registry.connect(reference.registry())?;
+    block_on(async {
+        let v = volume::open(&registry, reference.repo(), &reference.target())
+            .await
+            .with_context(|| format!("cannot open {reference}"))?;
+        let pinned = reference.pinned(v.digest.clone());
+        if args.json {
+            return print_json(&serde_json::json!({
+                "reference": pinned.to_string(),
+                "digest": v.digest,
+                "files": v.tree.file_count(),
+                "bytes": v.tree.total_bytes(),
+                "chunks": v.tree.chunks.len(),
+                "chunking": v.tree.chunking,
+                "entries": rows(&v.tree),
+            }));
+        }
+        println!("{pinned}");
+        println!(
+            "{} files, {}, {} unique chunks ({})",
+            v.tree.file_count(),
+            human_bytes(v.tree.total_bytes()),
+            v.tree.chunks.len(),
+            v.tree.chunking.algorithm
+        );
+        for r in rows(&v.tree) {
+            match r.kind {
+                "file" => println!(
+                    "{:>10}  {:>6} chunks  {}",
+                    human_bytes(r.size),
+                    r.chunks,
+                    r.path
+                ),
+                "dir" => println!("{:>10}  {:>13}  {}/", "-", "", r.path),
+                _ => println!(
+                    "{:>10}  {:>13}  {} -> {}",
+                    "-",
+                    "",
+                    r.path,
+                    r.target.unwrap_or("")
+                ),
+            }
+        }
+        Ok(())
+    })
+}
+
+/// What changes between two trees, file by file, and what a node holding `a` must fetch for `b`.
+#[derive(Debug, Serialize)]
+pub struct TreeDiff {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+    pub bytes_to_fetch: u64,
+    pub chunks_to_fetch: usize,
+}
+
+pub fn diff_trees(a: &Tree, b: &Tree) -> TreeDiff {
+    let key = |t: &Tree| -> HashMap<String, String> {
+        t.entries
+            .iter()
+            .map(|e| {
+                let k = match &e.kind {
+                    EntryKind::File { mode, chunks, .. } => {
+                        let digests: Vec<&str> = chunks
+                            .iter()
+                            .map(|&c| t.chunks[c as usize].digest.as_str())
+                            .collect();
+                        format!("file {mode:o} {}", digests.join(","))
+                    }
+                    EntryKind::Dir { mode } => format!("dir {mode:o}"),
+                    EntryKind::Symlink { target } => format!("symlink {target}"),
+                };
+                (e.path.clone(), k)
+            })
+            .collect()
+    };
+    let (ka, kb) = (key(a), key(b));
+    let mut added: Vec<String> = kb
+        .keys()
+        .filter(|p| !ka.contains_key(*p))
+        .cloned()
+        .collect();
+    let mut removed: Vec<String> = ka
+        .keys()
+        .filter(|p| !kb.contains_key(*p))
+        .cloned()
+        .collect();
+    let mut changed: Vec<String> = kb
+        .iter()
+        .filter(|(p, k)| ka.get(*p).is_some_and(|old| old != *k))
+        .map(|(p, _)| p.clone())
+        .collect();
+    added.sort();
+    removed.sort();
+    changed.sort();
+    let have: HashSet<&Digest> = a.chunks.iter().map(|c| &c.digest).collect();
+    let fetch: Vec<_> = b
+        .chunks
+        .iter()
+        .filter(|c| !have.contains(&c.digest))
+        .collect();
+    TreeDiff {
+        added,
+        removed,
+        changed,
+        bytes_to_fetch: fetch.iter().map(|c| c.size).sum(),
+        chunks_to_fetch: fetch.len(),
+    }
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run_diff(args: DiffArgs) -> anyhow::Result<()> {
+    let a = parse_reference(&args.from)?;
+    let b = parse_reference(&args.to)?;
+    let registry_a = args.registry.connect(a.registry())?;
+    let registry_b = args.registry.connect(b.registry())?;
+    block_on(async {
+        let va = volume::open(&registry_a, a.repo(), &a.target())
+            .await
+            .with_context(|| format!("cannot open {a}"))?;
+        let vb = volume::open(&registry_b, b.repo(), &b.target())
+            .await
+            .with_context(|| format!("cannot open {b}"))?;
+        let d = diff_trees(&va.tree, &vb.tree);
+        if args.json {
+            return print_json(&serde_json::json!({
+                "from": a.pinned(va.digest.clone()).to_string(),
+                "to": b.pinned(vb.digest.clone()).to_string(),
+                "diff": d,
+            }));
+        }
+        for p in &d.added {
+            println!("+ {p}");
+        }
+        for p in &d.removed {
+            println!("- {p}");
+        }
+        for p in &d.changed {
+            println!("M {p}");
+        }
+        println!(
+            "{} added, {} removed, {} changed; a node holding the first version fetches {} in {} chunks",
+            d.added.len(),
+            d.removed.len(),
+            d.changed.len(),
+            human_bytes(d.bytes_to_fetch),
+            d.chunks_to_fetch
+        );
+        Ok(())
+    })
+}

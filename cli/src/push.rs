@@ -1,0 +1,203 @@
+//! `vial push` and `vial pull`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use vial_client::pull::{self, PullOptions};
+use vial_client::push::{self, PushOptions};
+use vial_core::{Digest, Tag};
+
+use crate::common::{block_on, human_bytes, parse_reference, print_json, Bars, RegistryArgs};
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  vial push ./checkpoints/step-4000 localhost:5000/weights/my-model --tag candidate\n  vial push ./ckpt localhost:5000/weights/my-model:prod --expect sha256:… --json\n\nThe last line printed is the pinned reference (host/name@sha256:…) to put in deployment configs."
+)]
+pub struct PushArgs {
+    /// Directory to publish.
+    dir: PathBuf,
+    /// Volume to publish it to: host[:port]/name (a :tag here is the same as --tag).
+    reference: String,
+    /// Tag to point at the new version once it is sealed (repeatable).
+    #[arg(long = "tag", short = 't')]
+    tags: Vec<String>,
+    /// Move the tags only if they currently point at this digest (`none`: only if they do not exist).
+    #[arg(long)]
+    expect: Option<String>,
+    /// Read and hash every file, even those the local index says are unchanged.
+    #[arg(long)]
+    rehash: bool,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Chunk uploads in flight at once.
+    #[arg(long, default_value_t = 16)]
+    uploads: usize,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  vial pull localhost:5000/weights/my-model@sha256:… ./model\n  vial pull localhost:5000/weights/my-model:prod ./model --json\n\nAn interrupted pull resumes: run it again and only what is missing or wrong is downloaded."
+)]
+pub struct PullArgs {
+    /// Version to download: host[:port]/name:tag or host[:port]/name@sha256:…
+    reference: String,
+    /// Directory to write it to (created if missing).
+    dir: PathBuf,
+    /// Chunk downloads in flight at once.
+    #[arg(long, default_value_t = 16)]
+    downloads: usize,
+    /// Print a JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+/// `--expect` as the client takes it: `None` (no condition), `Some(None)` (tag must not exist).
+pub fn parse_expect(expect: Option<&str>) -> anyhow::Result<Option<Option<Digest>>> {
+    Ok(match expect {
+        None => None,
+        Some("none") => Some(None),
+        Some(d) => Some(Some(
+            Digest::parse(d).with_context(|| format!("invalid --expect digest {d:?}"))?,
+        )),
+    })
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run_push(args: PushArgs) -> anyhow::Result<()> {
+    let reference = parse_reference(&args.reference)?;
+    if reference.digest().is_some() {
+        bail!("push creates a new version: give host/name or host/name:tag, not a digest");
+    }
+    let mut tags: Vec<Tag> = args
+        .tags
+        .iter()
+        .map(|t| Tag::parse(t).with_context(|| format!("invalid tag {t:?}")))
+        .collect::<Result<_, _>>()?;
+    if let Some(t) = reference.tag() {
+        tags.insert(0, t.clone());
+    }
+    let expect = parse_expect(args.expect.as_deref())?;
+    if expect.is_some() && tags.is_empty() {
+        bail!("--expect needs a tag to move (--tag)");
+    }
+    if !args.dir.is_dir() {
+        bail!("{} is not a directory", args.dir.display());
+    }
+    let registry = args.registry.connect(reference.registry())?;
+    let mut options = PushOptions::for_dir(&args.dir);
+    options.rehash = args.rehash;
+    options.uploads = args.uploads;
+    let bars = Bars::new(
+        "hashed",
+        "uploaded",
+        std::io::stderr().is_terminal() && !args.json,
+    );
+    block_on(async {
+        let (layout, report) = push::push(
+            &registry,
+            reference.repo(),
+            &args.dir,
+            &options,
+            bars.clone(),
+        )
+        .await
+        .with_context(|| format!("push of {} to {} failed", args.dir.display(), reference))?;
+        bars.finish();
+        for tag in &tags {
+            push::tag_version(
+                &registry,
+                reference.repo(),
+                &layout.index.digest,
+                tag,
+                expect.as_ref().map(Option::as_ref),
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "version {} is sealed, but tag {tag} was not moved",
+                    layout.index.digest
+                )
+            })?;
+        }
+        let pinned = reference.pinned(layout.index.digest.clone());
+        if args.json {
+            let mut v = serde_json::to_value(&report)?;
+            v["reference"] = pinned.to_string().into();
+            v["tags"] = tags
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .into();
+            print_json(&v)?;
+        } else {
+            eprintln!(
+                "sealed {} files, {} in {} chunks: uploaded {} chunks ({}), {} already in the registry, {} files unchanged since the last push; {:.1}s",
+                report.files,
+                human_bytes(report.bytes),
+                report.chunks,
+                report.chunks_uploaded,
+                human_bytes(report.bytes_uploaded),
+                report.chunks_reused,
+                report.files_unchanged,
+                report.seconds
+            );
+            for tag in &tags {
+                eprintln!("tagged {}", reference.with_tag(tag.clone()));
+            }
+            println!("{pinned}");
+        }
+        Ok(())
+    })
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run_pull(args: PullArgs) -> anyhow::Result<()> {
+    let reference = parse_reference(&args.reference)?;
+    let registry = args.registry.connect(reference.registry())?;
+    let bars = Bars::new(
+        "verified",
+        "downloaded",
+        std::io::stderr().is_terminal() && !args.json,
+    );
+    let options = PullOptions {
+        downloads: args.downloads,
+    };
+    block_on(async {
+        let report = pull::pull(
+            &registry,
+            reference.repo(),
+            &reference.target(),
+            &args.dir,
+            &options,
+            bars.clone(),
+        )
+        .await
+        .with_context(|| format!("pull of {reference} into {} failed", args.dir.display()))?;
+        bars.finish();
+        let pinned = reference.pinned(Digest::parse(&report.digest)?);
+        if args.json {
+            let mut v = serde_json::to_value(&report)?;
+            v["reference"] = pinned.to_string().into();
+            print_json(&v)?;
+        } else {
+            eprintln!(
+                "pulled {} files, {}: downloaded {} ({} chunks), {} already on disk; {:.1}s",
+                report.files,
+                human_bytes(report.bytes),
+                human_bytes(report.bytes_downloaded),
+                report.chunks_downloaded,
+                human_bytes(report.bytes_already_present),
+                report.seconds
+            );
+            println!("{pinned}");
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,308 @@
+//! `vial pull`: download a version into a directory, in parallel, verifying every chunk.
+//!
+//! Files are written as `.<name>.vial-part` next to their final name and renamed when complete.
+//! An interrupted pull resumes: bytes already on disk (in part files or complete files) are hashed
+//! and only the chunks that do not match are downloaded again.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use vial_core::volume::{EntryKind, Tree};
+use vial_core::{Algorithm, Digest, RepoName, Target};
+
+use crate::progress::{Event, Progress};
+use crate::volume::{self, Version};
+use crate::{ClientError, Registry};
+
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    /// Chunk downloads in flight at once.
+    pub downloads: usize,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions { downloads: 16 }
+    }
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PullReport {
+    pub digest: String,
+    pub files: u64,
+    pub bytes: u64,
+    pub chunks: u64,
+    pub chunks_downloaded: u64,
+    pub bytes_downloaded: u64,
+    pub bytes_already_present: u64,
+    pub seconds: f64,
+}
+
+/// A file being written: where its bytes go now, and its final name.
+struct FileTarget {
+    write_to: PathBuf,
+    final_path: PathBuf,
+    mode: u32,
+    /// Whether the file was just created empty, so nothing in it needs checking.
+    fresh: bool,
+}
+
+/// Pulls `target` of `repo` into `dest`, creating it if needed.
+pub async fn pull(
+    registry: &Registry,
+    repo: &RepoName,
+    target: &Target,
+    dest: &Path,
+    options: &PullOptions,
+    progress: Arc<dyn Progress>,
+) -> Result<PullReport, ClientError> {
+    let started = Instant::now();
+    let version = volume::open(registry, repo, target).await?;
+    let Version { digest, tree, .. } = version;
+    let tree = Arc::new(tree);
+    let dest = dest.to_path_buf();
+
+    let (files, t) = (Arc::clone(&tree), dest.clone());
+    let targets = tokio::task::spawn_blocking(move || prepare(&t, &files))
+        .await
+        .map_err(|e| ClientError::Invalid(format!("prepare failed: {e}")))??;
+    let targets = Arc::new(targets);
+    progress.event(Event::Scanned {
+        files: targets.len() as u64,
+        bytes: tree.total_bytes(),
+    });
+
+    // Where each chunk goes: (file index, offset).
+    let mut wanted: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+    let mut file_index = 0;
+    for e in &tree.entries {
+        if let EntryKind::File { chunks, .. } = &e.kind {
+            let mut offset = 0;
+            for &c in chunks {
+                wanted.entry(c).or_default().push((file_index, offset));
+                offset += tree.chunks[c as usize].size;
+            }
+            file_index += 1;
+        }
+    }
+
+    // Keep only the places whose bytes are not already right.
+    let (t, tr, w) = (Arc::clone(&targets), Arc::clone(&tree), wanted);
+    let (wanted, present_bytes) = tokio::task::spawn_blocking(move || verify_existing(&t, &tr, w))
+        .await
+        .map_err(|e| ClientError::Invalid(format!("verify failed: {e}")))??;
+    progress.event(Event::Hashed(present_bytes));
+    let needed: u64 = wanted.keys().map(|c| tree.chunks[*c as usize].size).sum();
+    progress.event(Event::Needed(needed));
+
+    let downloaded = Arc::new(AtomicU64::new(0));
+    let results = futures_util::stream::iter(wanted.into_iter())
+        .map(|(chunk, places)| {
+            let (registry, repo, tree, targets, progress, downloaded) = (
+                registry.clone(),
+                repo.clone(),
+                Arc::clone(&tree),
+                Arc::clone(&targets),
+                Arc::clone(&progress),
+                Arc::clone(&downloaded),
+            );
+            async move {
+                let c = &tree.chunks[chunk as usize];
+                let bytes = registry.get_blob(&repo, &c.digest, None).await?;
+                if bytes.len() as u64 != c.size {
+                    return Err(ClientError::InvalidVolume(format!(
+                        "chunk {} is {} bytes, the tree says {}",
+                        c.digest,
+                        bytes.len(),
+                        c.size
+                    )));
+                }
+                let len = bytes.len() as u64;
+                tokio::task::spawn_blocking(move || {
+                    for (file, offset) in places {
+                        let path = &targets[file].write_to;
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .open(path)
+                            .map_err(|e| ClientError::io(path, e))?;
+                        f.write_all_at(&bytes, offset)
+                            .map_err(|e| ClientError::io(path, e))?;
+                    }
+                    Ok::<_, ClientError>(())
+                })
+                .await
+                .map_err(|e| ClientError::Invalid(format!("write task failed: {e}")))??;
+                downloaded.fetch_add(len, Ordering::Relaxed);
+                progress.event(Event::Transferred(len));
+                Ok::<_, ClientError>(())
+            }
+        })
+        .buffer_unordered(options.downloads.max(1))
+        .collect::<Vec<_>>()
+        .await;
+    let chunks_downloaded = results.len() as u64;
+    for r in results {
+        r?;
+    }
+
+    let t = Arc::clone(&targets);
+    let tr = Arc::clone(&tree);
+    tokio::task::spawn_blocking(move || finish(&t, &dest, &tr))
+        .await
+        .map_err(|e| ClientError::Invalid(format!("finish failed: {e}")))??;
+
+    Ok(PullReport {
+        digest: digest.to_string(),
+        files: targets.len() as u64,
+        bytes: tree.total_bytes(),
+        chunks: tree.chunks.len() as u64,
+        chunks_downloaded,
+        bytes_downloaded: downloaded.load(Ordering::Relaxed),
+        bytes_already_present: present_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn part_path(final_path: &Path) -> PathBuf {
+    let name = final_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    final_path.with_file_name(format!(".{name}.vial-part"))
+}
+
+/// Creates directories and symlinks, and opens every file for writing. Refuses to follow anything
+/// in `dest` that is not what the tree says (a symlink where a directory should be, for instance).
+fn prepare(dest: &Path, tree: &Tree) -> Result<Vec<FileTarget>, ClientError> {
+    std::fs::create_dir_all(dest).map_err(|e| ClientError::io(dest, e))?;
+    let mut targets = Vec::new();
+    for e in &tree.entries {
+        let path = dest.join(&e.path);
+        let existing = std::fs::symlink_metadata(&path).ok();
+        match &e.kind {
+            EntryKind::Dir { .. } => match existing {
+                Some(m) if m.is_dir() => {}
+                Some(_) => {
+                    return Err(ClientError::Invalid(format!(
+                        "{} exists and is not a directory",
+                        path.display()
+                    )))
+                }
+                None => std::fs::create_dir(&path).map_err(|e| ClientError::io(&path, e))?,
+            },
+            EntryKind::Symlink { target } => {
+                if let Some(m) = existing {
+                    if m.is_dir() {
+                        return Err(ClientError::Invalid(format!(
+                            "{} exists and is a directory, not a symlink",
+                            path.display()
+                        )));
+                    }
+                    std::fs::remove_file(&path).map_err(|e| ClientError::io(&path, e))?;
+                }
+                std::os::unix::fs::symlink(target, &path).map_err(|e| ClientError::io(&path, e))?;
+            }
+            EntryKind::File { mode, size, .. } => {
+                let complete = existing
+                    .as_ref()
+                    .is_some_and(|m| m.is_file() && m.len() == *size);
+                if existing.as_ref().is_some_and(|m| m.is_dir()) {
+                    return Err(ClientError::Invalid(format!(
+                        "{} exists and is a directory, not a file",
+                        path.display()
+                    )));
+                }
+                let (write_to, fresh) = if complete {
+                    (path.clone(), false)
+                } else {
+                    let part = part_path(&path);
+                    let had_part = std::fs::symlink_metadata(&part).is_ok_and(|m| m.is_file());
+                    let f = OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(&part)
+                        .map_err(|e| ClientError::io(&part, e))?;
+                    f.set_len(*size).map_err(|e| ClientError::io(&part, e))?;
+                    (part, !had_part)
+                };
+                targets.push(FileTarget {
+                    write_to,
+                    final_path: path,
+                    mode: *mode,
+                    fresh,
+                });
+            }
+        }
+    }
+    Ok(targets)
+}
+
+/// Drops from `wanted` every place whose bytes on disk already hash to the chunk's digest.
+fn verify_existing(
+    targets: &[FileTarget],
+    tree: &Tree,
+    mut wanted: HashMap<u32, Vec<(usize, u64)>>,
+) -> Result<(HashMap<u32, Vec<(usize, u64)>>, u64), ClientError> {
+    let mut present = 0;
+    let mut open: HashMap<usize, File> = HashMap::new();
+    for (chunk, places) in wanted.iter_mut() {
+        let c = &tree.chunks[*chunk as usize];
+        let mut buf = Vec::new();
+        let mut kept = Vec::new();
+        for &(file, offset) in places.iter() {
+            let t = &targets[file];
+            if t.fresh {
+                kept.push((file, offset));
+                continue;
+            }
+            if let std::collections::hash_map::Entry::Vacant(v) = open.entry(file) {
+                v.insert(File::open(&t.write_to).map_err(|e| ClientError::io(&t.write_to, e))?);
+            }
+            let f = &open[&file];
+            buf.resize(c.size as usize, 0);
+            let ok = f.read_exact_at(&mut buf, offset).is_ok() && matches_digest(&buf, &c.digest);
+            if ok {
+                present += c.size;
+            } else {
+                kept.push((file, offset));
+            }
+        }
+        *places = kept;
+    }
+    wanted.retain(|_, places| !places.is_empty());
+    Ok((wanted, present))
+}
+
+fn matches_digest(bytes: &[u8], digest: &Digest) -> bool {
+    let algorithm: Algorithm = digest.algorithm();
+    &algorithm.digest_bytes(bytes) == digest
+}
+
+/// Makes written files durable, gives them their modes and final names, then fixes directory modes.
+fn finish(targets: &[FileTarget], dest: &Path, tree: &Tree) -> Result<(), ClientError> {
+    for t in targets {
+        let f = File::open(&t.write_to).map_err(|e| ClientError::io(&t.write_to, e))?;
+        f.sync_all().map_err(|e| ClientError::io(&t.write_to, e))?;
+        std::fs::set_permissions(&t.write_to, std::fs::Permissions::from_mode(t.mode))
+            .map_err(|e| ClientError::io(&t.write_to, e))?;
+        if t.write_to != t.final_path {
+            std::fs::rename(&t.write_to, &t.final_path)
+                .map_err(|e| ClientError::io(&t.final_path, e))?;
+        }
+    }
+    for e in &tree.entries {
+        if let EntryKind::Dir { mode } = e.kind {
+            let path = dest.join(&e.path);
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| ClientError::io(&path, e))?;
+        }
+    }
+    Ok(())
+}

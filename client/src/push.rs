@@ -1,0 +1,579 @@
+//! `vial push`: chunk a directory in parallel, upload only the chunks the registry lacks, seal.
+//!
+//! Three stages run at once: hashing threads read and chunk file segments; an async collector
+//! batches new chunk digests and asks the registry which it already holds (one request per 4096
+//! digests with vial's extension, HEADs elsewhere); upload tasks send the missing chunks, bounded in
+//! number and in bytes held in memory. Nothing is published until every chunk is in: the version is
+//! sealed by pushing its index last, so an interrupted push publishes nothing and the next push
+//! finds the chunks already uploaded.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use vial_core::chunking::{Cutter, DEFAULT_PARAMS};
+use vial_core::safetensors::Segment;
+use vial_core::volume::{build_layout, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
+use vial_core::{media, Digest, RepoName};
+
+use crate::chunker::{self, FileChunk};
+use crate::progress::{Event, Progress};
+use crate::scan::{self, LocalIndex, Scanned, Stamp};
+use crate::{ClientError, Registry};
+
+/// Digests per existence check, the extension's limit.
+const CHECK_BATCH: usize = 4096;
+
+#[derive(Debug, Clone)]
+pub struct PushOptions {
+    /// Threads that read and hash files.
+    pub hash_threads: usize,
+    /// Chunk uploads in flight at once.
+    pub uploads: usize,
+    /// Bytes of chunk data held for uploads at once.
+    pub max_in_flight: u64,
+    /// Read every file even if the local index says it is unchanged.
+    pub rehash: bool,
+    /// Where the local index lives; `None` disables it.
+    pub index_path: Option<PathBuf>,
+}
+
+impl PushOptions {
+    pub fn for_dir(dir: &Path) -> Self {
+        PushOptions {
+            hash_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            uploads: 16,
+            max_in_flight: 256 * 1024 * 1024,
+            rehash: false,
+            index_path: LocalIndex::path_for(dir),
+        }
+    }
+}
+
+/// What a push did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PushReport {
+    pub digest: String,
+    pub files: u64,
+    pub bytes: u64,
+    pub chunks: u64,
+    pub chunks_uploaded: u64,
+    pub bytes_uploaded: u64,
+    pub chunks_reused: u64,
+    pub bytes_reused: u64,
+    pub files_unchanged: u64,
+    pub bytes_read: u64,
+    pub seconds: f64,
+}
+
+struct FileJob {
+    path: String,
+    abs: Arc<PathBuf>,
+    mode: u32,
+    stamp: Stamp,
+    /// Chunks known from the local index; `None` means the file must be read.
+    cached: Option<Vec<ChunkRef>>,
+}
+
+struct SegmentJob {
+    file: usize,
+    seg: usize,
+    segment: Segment,
+}
+
+/// A chunk to check and perhaps upload, with where its bytes are.
+struct ChunkLoc {
+    digest: Digest,
+    abs: Arc<PathBuf>,
+    offset: u64,
+    len: u64,
+}
+
+#[derive(Default)]
+struct Stats {
+    uploaded: AtomicU64,
+    bytes_uploaded: AtomicU64,
+    reused: AtomicU64,
+    bytes_reused: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+/// Pushes `dir` as a new version of `repo` and returns the sealed layout (its index digest is the
+/// version) and a report. Tags are not touched: see [`tag_version`].
+pub async fn push(
+    registry: &Registry,
+    repo: &RepoName,
+    dir: &Path,
+    options: &PushOptions,
+    progress: Arc<dyn Progress>,
+) -> Result<(Layout, PushReport), ClientError> {
+    let started = Instant::now();
+    let cutter = Cutter::new(DEFAULT_PARAMS);
+    let chunking = ChunkingInfo::v1(DEFAULT_PARAMS);
+    let root = dir.to_path_buf();
+    let entries = tokio::task::spawn_blocking(move || scan::scan(&root))
+        .await
+        .map_err(|e| ClientError::Invalid(format!("scan failed: {e}")))??;
+
+    let mut index = options
+        .index_path
+        .as_ref()
+        .map(|p| LocalIndex::load(p, &chunking.algorithm))
+        .unwrap_or_default();
+    let mut builder = TreeBuilder::new(chunking.clone());
+    let mut files: Vec<FileJob> = Vec::new();
+    for (path, scanned) in &entries {
+        let tree_err = |e: vial_core::volume::TreeError| ClientError::Invalid(e.to_string());
+        match scanned {
+            Scanned::Dir => builder.add_dir(path).map_err(tree_err)?,
+            Scanned::Symlink { target } => builder.add_symlink(path, target).map_err(tree_err)?,
+            Scanned::File { abs, mode, stamp } => files.push(FileJob {
+                path: path.clone(),
+                abs: Arc::new(abs.clone()),
+                mode: *mode,
+                stamp: stamp.clone(),
+                cached: if options.rehash {
+                    None
+                } else {
+                    index.lookup(path, stamp).map(<[_]>::to_vec)
+                },
+            }),
+        }
+    }
+    let total_bytes: u64 = files.iter().map(|f| f.stamp.size).sum();
+    progress.event(Event::Scanned {
+        files: files.len() as u64,
+        bytes: total_bytes,
+    });
+    let files = Arc::new(files);
+
+    // Stage 1: plan and hash on blocking threads.
+    let (tx, mut rx) = mpsc::channel::<(usize, usize, Vec<FileChunk>)>(1024);
+    let stats = Arc::new(Stats::default());
+    let hashing = {
+        let files = Arc::clone(&files);
+        let progress = Arc::clone(&progress);
+        let stats = Arc::clone(&stats);
+        let threads = options.hash_threads.max(1);
+        tokio::task::spawn_blocking(move || {
+            hash_all(&files, &cutter, threads, &tx, &*progress, &stats)
+        })
+    };
+
+    // Stages 2 and 3: check and upload as chunks arrive.
+    let mut per_file: Vec<Vec<Option<Vec<FileChunk>>>> = vec![Vec::new(); files.len()];
+    let mut seen: HashSet<Digest> = HashSet::new();
+    let mut pending: Vec<ChunkLoc> = Vec::new();
+    let mut uploads: JoinSet<Result<(), ClientError>> = JoinSet::new();
+    let count_limit = Arc::new(Semaphore::new(options.uploads.max(1)));
+    let mib_limit = Arc::new(Semaphore::new(
+        ((options.max_in_flight >> 20).max(16)) as usize,
+    ));
+    let mut closed = false;
+    while !closed {
+        // Take everything available, then flush a batch if it is full or the hashers paused.
+        let msg = if pending.len() >= CHECK_BATCH {
+            None
+        } else if pending.is_empty() {
+            rx.recv().await.map(Some).unwrap_or_else(|| {
+                closed = true;
+                None
+            })
+        } else {
+            match rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(mpsc::error::TryRecvError::Empty) => None,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    closed = true;
+                    None
+                }
+            }
+        };
+        if let Some((file, seg, chunks)) = msg {
+            let slots = &mut per_file[file];
+            if slots.len() <= seg {
+                slots.resize(seg + 1, None);
+            }
+            for c in &chunks {
+                if seen.insert(c.digest.clone()) {
+                    pending.push(ChunkLoc {
+                        digest: c.digest.clone(),
+                        abs: Arc::clone(&files[file].abs),
+                        offset: c.offset,
+                        len: c.len,
+                    });
+                }
+            }
+            slots[seg] = Some(chunks);
+            if pending.len() < CHECK_BATCH {
+                continue;
+            }
+        }
+        if !pending.is_empty() {
+            let batch = std::mem::take(&mut pending);
+            let missing = missing_chunks(registry, repo, batch, &stats).await?;
+            for loc in missing {
+                let mib = (loc.len.div_ceil(1 << 20) as u32).max(1);
+                let bytes_permit = Arc::clone(&mib_limit)
+                    .acquire_many_owned(mib)
+                    .await
+                    .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
+                let count_permit = Arc::clone(&count_limit)
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
+                let (registry, repo, stats, progress) = (
+                    registry.clone(),
+                    repo.clone(),
+                    Arc::clone(&stats),
+                    Arc::clone(&progress),
+                );
+                progress.event(Event::Needed(loc.len));
+                uploads.spawn(async move {
+                    let _held = (bytes_permit, count_permit);
+                    upload_chunk(&registry, &repo, &loc).await?;
+                    stats.uploaded.fetch_add(1, Ordering::Relaxed);
+                    stats.bytes_uploaded.fetch_add(loc.len, Ordering::Relaxed);
+                    progress.event(Event::Transferred(loc.len));
+                    Ok(())
+                });
+                // Surface upload failures early instead of after the whole scan.
+                while let Some(done) = uploads.try_join_next() {
+                    done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
+                }
+            }
+        }
+    }
+    hashing
+        .await
+        .map_err(|e| ClientError::Invalid(format!("hashing failed: {e}")))??;
+    while let Some(done) = uploads.join_next().await {
+        done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
+    }
+
+    // Every chunk is in the registry: build the tree, remember it locally, then seal.
+    for (i, f) in files.iter().enumerate() {
+        let chunks: Vec<ChunkRef> = match &f.cached {
+            Some(c) => c.clone(),
+            None => per_file[i]
+                .iter()
+                .flatten()
+                .flatten()
+                .map(|c| ChunkRef {
+                    digest: c.digest.clone(),
+                    size: c.len,
+                })
+                .collect(),
+        };
+        index.insert(f.path.clone(), f.stamp.clone(), chunks.clone());
+        builder
+            .add_file(&f.path, f.mode, chunks)
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+    }
+    let tree = builder
+        .finish()
+        .map_err(|e| ClientError::Invalid(e.to_string()))?;
+    if let Some(path) = &options.index_path {
+        let keep: HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        index.retain(|p| keep.contains(p));
+        index.save(path);
+    }
+    let layout = build_layout(&tree);
+    seal(registry, repo, &layout).await?;
+
+    let report = PushReport {
+        digest: layout.index.digest.to_string(),
+        files: files.len() as u64,
+        bytes: tree.total_bytes(),
+        chunks: tree.chunks.len() as u64,
+        chunks_uploaded: stats.uploaded.load(Ordering::Relaxed),
+        bytes_uploaded: stats.bytes_uploaded.load(Ordering::Relaxed),
+        chunks_reused: stats.reused.load(Ordering::Relaxed),
+        bytes_reused: stats.bytes_reused.load(Ordering::Relaxed),
+        files_unchanged: files.iter().filter(|f| f.cached.is_some()).count() as u64,
+        bytes_read: stats.bytes_read.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    Ok((layout, report))
+}
+
+/// Plans and chunks every file that the local index could not vouch for, on `threads` threads.
+/// Files known from the index are announced whole, so their chunks are still checked.
+fn hash_all(
+    files: &[FileJob],
+    cutter: &Cutter,
+    threads: usize,
+    tx: &mpsc::Sender<(usize, usize, Vec<FileChunk>)>,
+    progress: &dyn Progress,
+    stats: &Stats,
+) -> Result<(), ClientError> {
+    let mut jobs: Vec<SegmentJob> = Vec::new();
+    let mut open: Vec<Option<File>> = Vec::with_capacity(files.len());
+    for (i, f) in files.iter().enumerate() {
+        if let Some(cached) = &f.cached {
+            let mut offset = 0;
+            let chunks = cached
+                .iter()
+                .map(|c| {
+                    let fc = FileChunk {
+                        offset,
+                        len: c.size,
+                        digest: c.digest.clone(),
+                    };
+                    offset += c.size;
+                    fc
+                })
+                .collect();
+            progress.event(Event::Hashed(f.stamp.size));
+            tx.blocking_send((i, 0, chunks))
+                .map_err(|_| ClientError::Invalid("push was cancelled".into()))?;
+            open.push(None);
+            continue;
+        }
+        let file = File::open(&*f.abs).map_err(|e| ClientError::io(&*f.abs, e))?;
+        for (seg, segment) in chunker::plan_file(&f.abs, &file, f.stamp.size)?
+            .into_iter()
+            .enumerate()
+        {
+            jobs.push(SegmentJob {
+                file: i,
+                seg,
+                segment,
+            });
+        }
+        open.push(Some(file));
+    }
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<(), ClientError> {
+                    let mut buf = chunker::window_for(cutter);
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(job) = jobs.get(i) else {
+                            return Ok(());
+                        };
+                        let Some(file) = &open[job.file] else {
+                            continue;
+                        };
+                        let on_bytes = |n| {
+                            stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+                            progress.event(Event::Hashed(n));
+                        };
+                        let chunks = chunker::chunk_segment(
+                            &files[job.file].abs,
+                            file,
+                            &job.segment,
+                            cutter,
+                            &mut buf,
+                            &on_bytes,
+                        )?;
+                        if tx.blocking_send((job.file, job.seg, chunks)).is_err() {
+                            return Err(ClientError::Invalid("push was cancelled".into()));
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut result = Ok(());
+        for w in workers {
+            let r = w
+                .join()
+                .unwrap_or_else(|_| Err(ClientError::Invalid("a hashing thread panicked".into())));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    })?;
+    // A file whose size changed since the scan would produce a tree that lies about it.
+    for (f, file) in files.iter().zip(&open) {
+        if let Some(file) = file {
+            let now = file
+                .metadata()
+                .map_err(|e| ClientError::io(&*f.abs, e))?
+                .len();
+            if now != f.stamp.size {
+                return Err(ClientError::Invalid(format!(
+                    "{} changed size while it was being pushed",
+                    f.abs.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Of a batch of new chunks, those the repository does not hold yet.
+async fn missing_chunks(
+    registry: &Registry,
+    repo: &RepoName,
+    batch: Vec<ChunkLoc>,
+    stats: &Stats,
+) -> Result<Vec<ChunkLoc>, ClientError> {
+    let digests: Vec<Digest> = batch.iter().map(|c| c.digest.clone()).collect();
+    let present: HashSet<Digest> = match registry.blobs_present(repo, &digests).await? {
+        Some(p) => p.into_iter().collect(),
+        None => {
+            // A registry without vial's extension: one HEAD per chunk, 32 at a time.
+            let checks = futures_util::stream::iter(digests.iter().cloned())
+                .map(|d| async move { registry.blob_exists(repo, &d).await.map(|e| (d, e)) })
+                .buffer_unordered(32)
+                .collect::<Vec<_>>()
+                .await;
+            let mut p = HashSet::new();
+            for c in checks {
+                let (d, exists) = c?;
+                if exists {
+                    p.insert(d);
+                }
+            }
+            p
+        }
+    };
+    let mut missing = Vec::new();
+    for loc in batch {
+        if present.contains(&loc.digest) {
+            stats.reused.fetch_add(1, Ordering::Relaxed);
+            stats.bytes_reused.fetch_add(loc.len, Ordering::Relaxed);
+        } else {
+            missing.push(loc);
+        }
+    }
+    Ok(missing)
+}
+
+async fn upload_chunk(
+    registry: &Registry,
+    repo: &RepoName,
+    loc: &ChunkLoc,
+) -> Result<(), ClientError> {
+    let abs = Arc::clone(&loc.abs);
+    let (offset, len) = (loc.offset, loc.len);
+    let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
+        let file = File::open(&*abs).map_err(|e| ClientError::io(&*abs, e))?;
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, offset)
+            .map_err(|e| ClientError::io(&*abs, e))?;
+        Ok(buf)
+    })
+    .await
+    .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))??;
+    match registry
+        .push_blob(repo, &loc.digest, Bytes::from(bytes))
+        .await
+    {
+        Err(ClientError::Registry { code, .. }) if code == "DIGEST_INVALID" => {
+            Err(ClientError::Invalid(format!(
+                "{} changed while it was being pushed (bytes at offset {offset} no longer match)",
+                loc.abs.display()
+            )))
+        }
+        other => other,
+    }
+}
+
+/// Uploads the tree blob and manifests, index last: the index push is the moment of sealing.
+async fn seal(registry: &Registry, repo: &RepoName, layout: &Layout) -> Result<(), ClientError> {
+    let empty =
+        Digest::parse(media::OCI_EMPTY_DIGEST).map_err(|e| ClientError::Invalid(e.to_string()))?;
+    for (digest, bytes) in [
+        (&empty, Bytes::from_static(b"{}")),
+        (&layout.tree.digest, Bytes::from(layout.tree.bytes.clone())),
+    ] {
+        let present = match registry
+            .blobs_present(repo, std::slice::from_ref(digest))
+            .await?
+        {
+            Some(p) => !p.is_empty(),
+            None => registry.blob_exists(repo, digest).await?,
+        };
+        if !present {
+            registry.push_blob(repo, digest, bytes).await?;
+        }
+    }
+    let parts = futures_util::stream::iter(layout.parts.iter())
+        .map(|part| async move {
+            if !registry.manifest_exists(repo, &part.digest).await? {
+                registry
+                    .put_manifest(
+                        repo,
+                        part.digest.as_str(),
+                        media::OCI_MANIFEST,
+                        Bytes::from(part.bytes.clone()),
+                        None,
+                    )
+                    .await?;
+            }
+            Ok::<_, ClientError>(())
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for p in parts {
+        p?;
+    }
+    registry
+        .put_manifest(
+            repo,
+            layout.tree_manifest.digest.as_str(),
+            media::OCI_MANIFEST,
+            Bytes::from(layout.tree_manifest.bytes.clone()),
+            None,
+        )
+        .await?;
+    registry
+        .put_manifest(
+            repo,
+            layout.index.digest.as_str(),
+            media::OCI_INDEX,
+            Bytes::from(layout.index.bytes.clone()),
+            None,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Points `tag` at an existing version by pushing its index bytes under the tag, optionally only if
+/// the tag currently points at `expect` (`Some(None)`: only if the tag does not exist).
+pub async fn tag_version(
+    registry: &Registry,
+    repo: &RepoName,
+    version: &Digest,
+    tag: &vial_core::Tag,
+    expect: Option<Option<&Digest>>,
+) -> Result<(), ClientError> {
+    let manifest = registry
+        .get_manifest(repo, &vial_core::Target::Digest(version.clone()))
+        .await?
+        .ok_or_else(|| ClientError::NotFound(format!("{}/{repo}@{version}", registry.host())))?;
+    registry
+        .put_manifest(
+            repo,
+            tag.as_str(),
+            &manifest.media_type,
+            manifest.bytes,
+            expect,
+        )
+        .await
+        .map_err(|e| match e {
+            ClientError::TagMoved {
+                current, expected, ..
+            } => ClientError::TagMoved {
+                tag: tag.to_string(),
+                current,
+                expected,
+            },
+            e => e,
+        })?;
+    Ok(())
+}

@@ -1,0 +1,798 @@
+//! A small OCI Distribution API client with retries, token authentication and vial's extensions.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::Deserialize;
+use vial_core::{Algorithm, Digest, RepoName, Target};
+
+use crate::auth::{self, Challenge, Credentials};
+use crate::ClientError;
+
+/// How to reach a registry.
+#[derive(Debug, Clone)]
+pub struct RegistryOptions {
+    /// Use `http://` instead of `https://`. Loopback hosts always use plain HTTP.
+    pub plain_http: bool,
+    /// Attempts for a request that fails transiently (connection refused, 5xx, 429).
+    pub attempts: u32,
+    /// Time limit for one request, body included.
+    pub timeout: Duration,
+    /// Explicit credentials; otherwise the Docker config file is read.
+    pub credentials: Option<Credentials>,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions {
+            plain_http: false,
+            attempts: 5,
+            timeout: Duration::from_secs(300),
+            credentials: None,
+        }
+    }
+}
+
+/// A manifest as fetched: its bytes, media type and digest (verified against the bytes).
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub bytes: Bytes,
+    pub media_type: String,
+    pub digest: Digest,
+}
+
+/// One entry of vial's versions extension.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct VersionInfo {
+    pub digest: Digest,
+    pub created_at: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub annotations: Option<std::collections::BTreeMap<String, String>>,
+}
+
+const MONOLITHIC_UNKNOWN: u8 = 0;
+const MONOLITHIC_YES: u8 = 1;
+const MONOLITHIC_NO: u8 = 2;
+
+/// A registry at `host[:port]`. Cheap to clone; clones share connections and tokens.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    http: reqwest::Client,
+    host: String,
+    base: String,
+    attempts: u32,
+    credentials: Option<Credentials>,
+    /// Bearer tokens by scope.
+    tokens: Mutex<HashMap<String, String>>,
+    /// Whether the registry has answered with a Basic challenge.
+    basic: AtomicU8,
+    /// Whether single-request (POST ?digest=) uploads work here.
+    monolithic: AtomicU8,
+}
+
+#[derive(Deserialize)]
+struct ErrorEnvelope {
+    errors: Vec<WireError>,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    code: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    detail: Option<serde_json::Value>,
+}
+
+fn is_loopback(host: &str) -> bool {
+    let name = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    matches!(name, "localhost" | "127.0.0.1" | "[::1]" | "::1") || name.starts_with("127.")
+}
+
+impl Registry {
+    pub fn new(host: &str, options: &RegistryOptions) -> Result<Registry, ClientError> {
+        let scheme = if options.plain_http || is_loopback(host) {
+            "http"
+        } else {
+            "https"
+        };
+        let http = reqwest::Client::builder()
+            .timeout(options.timeout)
+            .connect_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(64)
+            .user_agent(concat!("vial/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ClientError::Invalid(format!("cannot build an HTTP client: {e}")))?;
+        let credentials = match &options.credentials {
+            Some(c) => Some(c.clone()),
+            None => auth::credentials_for(host)?,
+        };
+        Ok(Registry {
+            inner: Arc::new(Inner {
+                http,
+                host: host.to_owned(),
+                base: format!("{scheme}://{host}"),
+                attempts: options.attempts.max(1),
+                credentials,
+                tokens: Mutex::new(HashMap::new()),
+                basic: AtomicU8::new(0),
+                monolithic: AtomicU8::new(MONOLITHIC_UNKNOWN),
+            }),
+        })
+    }
+
+    pub fn host(&self) -> &str {
+        &self.inner.host
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.inner.base)
+    }
+
+    /// Sends a request built by `build`, authenticating on a challenge and retrying transient
+    /// failures with exponential backoff.
+    async fn send(
+        &self,
+        scope: &str,
+        action: &str,
+        build: impl Fn(&reqwest::Client) -> RequestBuilder,
+    ) -> Result<Response, ClientError> {
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 1;
+        loop {
+            let result = self.send_once(scope, &build).await;
+            let retry = match &result {
+                Ok(r) => {
+                    r.status().is_server_error() || r.status() == StatusCode::TOO_MANY_REQUESTS
+                }
+                Err(e) => e.is_transient(),
+            };
+            if !retry || attempt >= self.inner.attempts {
+                return result;
+            }
+            tracing::debug!(action, attempt, "transient registry failure, retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+            attempt += 1;
+        }
+    }
+
+    async fn send_once(
+        &self,
+        scope: &str,
+        build: &impl Fn(&reqwest::Client) -> RequestBuilder,
+    ) -> Result<Response, ClientError> {
+        let response = self
+            .authorize(build(&self.inner.http), scope)
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        if response.status() != StatusCode::UNAUTHORIZED {
+            return Ok(response);
+        }
+        let challenge = response
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .and_then(auth::parse_challenge);
+        match challenge {
+            Some(Challenge::Basic) if self.inner.credentials.is_some() => {
+                self.inner.basic.store(1, Ordering::Relaxed);
+            }
+            Some(Challenge::Bearer {
+                realm,
+                service,
+                scope: asked,
+            }) => {
+                let token = self
+                    .fetch_token(
+                        &realm,
+                        service.as_deref(),
+                        asked.as_deref().unwrap_or(scope),
+                    )
+                    .await?;
+                if let Ok(mut tokens) = self.inner.tokens.lock() {
+                    tokens.insert(scope.to_owned(), token);
+                }
+            }
+            _ => {
+                return Err(ClientError::Unauthorized {
+                    registry: self.inner.host.clone(),
+                })
+            }
+        }
+        let retried = self
+            .authorize(build(&self.inner.http), scope)
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        if retried.status() == StatusCode::UNAUTHORIZED {
+            return Err(ClientError::Unauthorized {
+                registry: self.inner.host.clone(),
+            });
+        }
+        Ok(retried)
+    }
+
+    fn authorize(&self, request: RequestBuilder, scope: &str) -> RequestBuilder {
+        let token = self
+            .inner
+            .tokens
+            .lock()
+            .ok()
+            .and_then(|t| t.get(scope).cloned());
+        if let Some(token) = token {
+            return request.bearer_auth(token);
+        }
+        match &self.inner.credentials {
+            Some(c) if self.inner.basic.load(Ordering::Relaxed) == 1 => {
+                request.basic_auth(&c.username, Some(&c.password))
+            }
+            _ => request,
+        }
+    }
+
+    async fn fetch_token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        scope: &str,
+    ) -> Result<String, ClientError> {
+        let mut request = self.inner.http.get(realm).query(&[("scope", scope)]);
+        if let Some(service) = service {
+            request = request.query(&[("service", service)]);
+        }
+        if let Some(c) = &self.inner.credentials {
+            request = request.basic_auth(&c.username, Some(&c.password));
+        }
+        let response = request.send().await.map_err(|e| self.transport(e))?;
+        if !response.status().is_success() {
+            return Err(match response.status() {
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ClientError::Unauthorized {
+                    registry: self.inner.host.clone(),
+                },
+                s => ClientError::Registry {
+                    action: "token request".into(),
+                    status: s.as_u16(),
+                    code: String::new(),
+                    message: String::new(),
+                },
+            });
+        }
+        #[derive(Deserialize)]
+        struct TokenResponse {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let body: TokenResponse = response.json().await.map_err(|e| self.transport(e))?;
+        body.token
+            .or(body.access_token)
+            .ok_or_else(|| ClientError::Invalid("token endpoint returned no token".into()))
+    }
+
+    fn transport(&self, e: reqwest::Error) -> ClientError {
+        ClientError::Unreachable {
+            registry: self.inner.host.clone(),
+            source: e,
+        }
+    }
+
+    /// Turns a non-success response into an error, reading the OCI envelope if there is one.
+    async fn error(&self, response: Response, action: &str) -> ClientError {
+        let status = response.status();
+        let body = response.bytes().await.unwrap_or_default();
+        let first = serde_json::from_slice::<ErrorEnvelope>(&body)
+            .ok()
+            .and_then(|e| e.errors.into_iter().next());
+        let (code, message, detail) = match first {
+            Some(e) => (e.code, e.message, e.detail),
+            None => (
+                String::new(),
+                String::from_utf8_lossy(&body).chars().take(200).collect(),
+                None,
+            ),
+        };
+        match status {
+            StatusCode::UNAUTHORIZED => ClientError::Unauthorized {
+                registry: self.inner.host.clone(),
+            },
+            StatusCode::FORBIDDEN => ClientError::Denied(if message.is_empty() {
+                action.to_owned()
+            } else {
+                message
+            }),
+            StatusCode::NOT_FOUND if code == "NAME_UNKNOWN" => {
+                ClientError::RepositoryNotFound(action.to_owned())
+            }
+            StatusCode::PRECONDITION_FAILED => ClientError::TagMoved {
+                tag: action.to_owned(),
+                current: detail
+                    .and_then(|d| d.get("current").and_then(|c| c.as_str().map(str::to_owned)))
+                    .unwrap_or_else(|| "nothing".to_owned()),
+                expected: String::new(),
+            },
+            _ => ClientError::Registry {
+                action: action.to_owned(),
+                status: status.as_u16(),
+                code,
+                message,
+            },
+        }
+    }
+
+    fn scope(repo: &RepoName, push: bool) -> String {
+        format!(
+            "repository:{repo}:{}",
+            if push { "pull,push" } else { "pull" }
+        )
+    }
+
+    /// Checks that the registry speaks the Distribution API and that we may use it.
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        let url = self.url("/v2/");
+        let r = self
+            .send("registry:catalog:*", "ping", |c| c.get(&url))
+            .await?;
+        if r.status().is_success() {
+            Ok(())
+        } else {
+            Err(self.error(r, "ping").await)
+        }
+    }
+
+    /// vial's bulk existence check. `None` when the registry does not have the extension.
+    pub async fn blobs_present(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+    ) -> Result<Option<Vec<Digest>>, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/blobs/present"));
+        let body =
+            serde_json::to_vec(&serde_json::json!({ "digests": digests })).unwrap_or_default();
+        let r = self
+            .send(&Self::scope(repo, true), "existence check", |c| {
+                c.post(&url)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        match r.status() {
+            StatusCode::OK => {
+                #[derive(Deserialize)]
+                struct Present {
+                    present: Vec<Digest>,
+                }
+                let p: Present = r.json().await.map_err(|e| self.transport(e))?;
+                Ok(Some(p.present))
+            }
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::BAD_REQUEST => {
+                Ok(None)
+            }
+            _ => Err(self.error(r, "existence check").await),
+        }
+    }
+
+    /// HEAD of a blob in `repo`.
+    pub async fn blob_exists(&self, repo: &RepoName, digest: &Digest) -> Result<bool, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/blobs/{digest}"));
+        let r = self
+            .send(&Self::scope(repo, false), "blob check", |c| c.head(&url))
+            .await?;
+        match r.status() {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.error(r, &format!("HEAD blob {digest}")).await),
+        }
+    }
+
+    /// Cross-repository mount. Returns whether the blob is now in `repo`.
+    pub async fn mount_blob(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        from: &RepoName,
+    ) -> Result<bool, ClientError> {
+        let url = self.url(&format!(
+            "/v2/{repo}/blobs/uploads/?mount={digest}&from={from}"
+        ));
+        let r = self
+            .send(&Self::scope(repo, true), "mount", |c| c.post(&url))
+            .await?;
+        match r.status() {
+            StatusCode::CREATED => Ok(true),
+            StatusCode::ACCEPTED => {
+                // The registry opened an upload session instead; close it so it does not linger.
+                if let Some(loc) = r.headers().get("location").and_then(|l| l.to_str().ok()) {
+                    let loc = self.absolute(loc);
+                    let _ = self
+                        .send(&Self::scope(repo, true), "cancel", |c| c.delete(&loc))
+                        .await;
+                }
+                Ok(false)
+            }
+            _ => Err(self.error(r, &format!("mount {digest} from {from}")).await),
+        }
+    }
+
+    fn absolute(&self, location: &str) -> String {
+        if location.starts_with("http://") || location.starts_with("https://") {
+            location.to_owned()
+        } else {
+            self.url(location)
+        }
+    }
+
+    /// Uploads a blob held in memory: one request where the registry allows it, else POST then PUT.
+    pub async fn push_blob(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        body: Bytes,
+    ) -> Result<(), ClientError> {
+        let scope = Self::scope(repo, true);
+        let action = format!("upload of {digest}");
+        if self.inner.monolithic.load(Ordering::Relaxed) != MONOLITHIC_NO {
+            let url = self.url(&format!("/v2/{repo}/blobs/uploads/?digest={digest}"));
+            let r = self
+                .send(&scope, &action, |c| {
+                    c.post(&url)
+                        .header("content-type", "application/octet-stream")
+                        .body(body.clone())
+                })
+                .await?;
+            match r.status() {
+                StatusCode::CREATED => {
+                    self.inner
+                        .monolithic
+                        .store(MONOLITHIC_YES, Ordering::Relaxed);
+                    return Ok(());
+                }
+                StatusCode::ACCEPTED => {
+                    // The registry ignored the body and opened a session: finish it with a PUT and
+                    // use the two-request flow from now on.
+                    self.inner
+                        .monolithic
+                        .store(MONOLITHIC_NO, Ordering::Relaxed);
+                    let loc = r
+                        .headers()
+                        .get("location")
+                        .and_then(|l| l.to_str().ok())
+                        .map(|l| self.absolute(l));
+                    let loc = loc.ok_or_else(|| {
+                        ClientError::Invalid("upload session without a Location".into())
+                    })?;
+                    return self
+                        .finish_upload(&scope, &action, &loc, digest, body)
+                        .await;
+                }
+                _ => return Err(self.error(r, &action).await),
+            }
+        }
+        let url = self.url(&format!("/v2/{repo}/blobs/uploads/"));
+        let r = self.send(&scope, &action, |c| c.post(&url)).await?;
+        if r.status() != StatusCode::ACCEPTED {
+            return Err(self.error(r, &action).await);
+        }
+        let loc = r
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok())
+            .map(|l| self.absolute(l));
+        let loc =
+            loc.ok_or_else(|| ClientError::Invalid("upload session without a Location".into()))?;
+        self.finish_upload(&scope, &action, &loc, digest, body)
+            .await
+    }
+
+    async fn finish_upload(
+        &self,
+        scope: &str,
+        action: &str,
+        location: &str,
+        digest: &Digest,
+        body: Bytes,
+    ) -> Result<(), ClientError> {
+        let sep = if location.contains('?') { '&' } else { '?' };
+        let url = format!("{location}{sep}digest={digest}");
+        let r = self
+            .send(scope, action, |c| {
+                c.put(&url)
+                    .header("content-type", "application/octet-stream")
+                    .body(body.clone())
+            })
+            .await?;
+        if r.status() == StatusCode::CREATED {
+            Ok(())
+        } else {
+            Err(self.error(r, action).await)
+        }
+    }
+
+    /// Fetches a whole blob (or a byte range) and verifies a whole blob against its digest.
+    pub async fn get_blob(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        range: Option<(u64, u64)>,
+    ) -> Result<Bytes, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/blobs/{digest}"));
+        let action = format!("download of {digest}");
+        let r = self
+            .send(&Self::scope(repo, false), &action, |c| {
+                let req = c.get(&url);
+                match range {
+                    Some((start, end)) => req.header("range", format!("bytes={start}-{}", end - 1)),
+                    None => req,
+                }
+            })
+            .await?;
+        match r.status() {
+            StatusCode::OK | StatusCode::PARTIAL_CONTENT => {}
+            StatusCode::NOT_FOUND => {
+                return Err(ClientError::NotFound(format!("blob {digest} in {repo}")))
+            }
+            _ => return Err(self.error(r, &action).await),
+        }
+        let bytes = r.bytes().await.map_err(|e| self.transport(e))?;
+        if range.is_none() {
+            let actual = digest.algorithm().digest_bytes(&bytes);
+            if &actual != digest {
+                return Err(ClientError::DigestMismatch {
+                    what: format!("blob in {repo}"),
+                    expected: digest.clone(),
+                    actual,
+                });
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Fetches a manifest by tag or digest. `None` when it does not exist.
+    pub async fn get_manifest(
+        &self,
+        repo: &RepoName,
+        target: &Target,
+    ) -> Result<Option<Manifest>, ClientError> {
+        let reference = match target {
+            Target::Tag(t) => t.to_string(),
+            Target::Digest(d) => d.to_string(),
+        };
+        let url = self.url(&format!("/v2/{repo}/manifests/{reference}"));
+        let accept = [
+            vial_core::media::OCI_INDEX,
+            vial_core::media::OCI_MANIFEST,
+            vial_core::media::DOCKER_MANIFEST,
+            vial_core::media::DOCKER_MANIFEST_LIST,
+        ]
+        .join(", ");
+        let r = self
+            .send(&Self::scope(repo, false), "manifest fetch", |c| {
+                c.get(&url).header("accept", &accept)
+            })
+            .await?;
+        match r.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => {
+                let err = self.error(r, &format!("{repo}")).await;
+                return match err {
+                    ClientError::RepositoryNotFound(_) => Err(err),
+                    _ => Ok(None),
+                };
+            }
+            _ => {
+                return Err(self
+                    .error(r, &format!("manifest {reference} of {repo}"))
+                    .await)
+            }
+        }
+        let media_type = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let header_digest = r
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|d| Digest::parse(d).ok());
+        let bytes = r.bytes().await.map_err(|e| self.transport(e))?;
+        let algorithm = match target {
+            Target::Digest(d) => d.algorithm(),
+            Target::Tag(_) => header_digest
+                .as_ref()
+                .map_or(Algorithm::Sha256, Digest::algorithm),
+        };
+        let digest = algorithm.digest_bytes(&bytes);
+        let expected = match target {
+            Target::Digest(d) => Some(d.clone()),
+            Target::Tag(_) => header_digest,
+        };
+        if let Some(expected) = expected {
+            if expected != digest {
+                return Err(ClientError::DigestMismatch {
+                    what: format!("manifest {reference} of {repo}"),
+                    expected,
+                    actual: digest,
+                });
+            }
+        }
+        Ok(Some(Manifest {
+            bytes,
+            media_type,
+            digest,
+        }))
+    }
+
+    /// Pushes a manifest under a tag or its digest. `expect` makes a tag push conditional: `Some(None)`
+    /// requires the tag not to exist, `Some(Some(d))` requires it to point at `d`.
+    pub async fn put_manifest(
+        &self,
+        repo: &RepoName,
+        reference: &str,
+        media_type: &str,
+        bytes: Bytes,
+        expect: Option<Option<&Digest>>,
+    ) -> Result<Digest, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/manifests/{reference}"));
+        let action = format!("{repo}:{reference}");
+        let r = self
+            .send(&Self::scope(repo, true), &action, |c| {
+                let req = c
+                    .put(&url)
+                    .header("content-type", media_type)
+                    .body(bytes.clone());
+                match expect {
+                    None => req,
+                    Some(None) => req.header("if-none-match", "*"),
+                    Some(Some(d)) => req.header("if-match", format!("\"{d}\"")),
+                }
+            })
+            .await?;
+        if r.status() != StatusCode::CREATED {
+            return Err(match self.error(r, reference).await {
+                ClientError::TagMoved { tag, current, .. } => ClientError::TagMoved {
+                    tag,
+                    current,
+                    expected: match expect {
+                        Some(Some(d)) => d.to_string(),
+                        _ => "no tag".to_owned(),
+                    },
+                },
+                e => e,
+            });
+        }
+        Ok(Algorithm::Sha256.digest_bytes(&bytes))
+    }
+
+    /// Deletes a manifest by digest, or a tag. Returns whether it existed.
+    pub async fn delete_manifest(
+        &self,
+        repo: &RepoName,
+        reference: &str,
+    ) -> Result<bool, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/manifests/{reference}"));
+        let r = self
+            .send(&Self::scope(repo, true), "delete", |c| c.delete(&url))
+            .await?;
+        match r.status() {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.error(r, &format!("delete {repo}:{reference}")).await),
+        }
+    }
+
+    /// Every tag of a repository, following pagination.
+    pub async fn tags(&self, repo: &RepoName) -> Result<Vec<String>, ClientError> {
+        #[derive(Deserialize)]
+        struct TagList {
+            #[serde(default)]
+            tags: Option<Vec<String>>,
+        }
+        let mut out = Vec::new();
+        let mut next = Some(format!("/v2/{repo}/tags/list?n=1000"));
+        while let Some(path) = next.take() {
+            let url = self.absolute(&path);
+            let r = self
+                .send(&Self::scope(repo, false), "tag list", |c| c.get(&url))
+                .await?;
+            if !r.status().is_success() {
+                return Err(self.error(r, &repo.to_string()).await);
+            }
+            next = next_link(r.headers());
+            let page: TagList = r.json().await.map_err(|e| self.transport(e))?;
+            out.extend(page.tags.unwrap_or_default());
+        }
+        Ok(out)
+    }
+
+    /// Every repository the catalog lists, following pagination.
+    pub async fn catalog(&self) -> Result<Vec<String>, ClientError> {
+        #[derive(Deserialize)]
+        struct Catalog {
+            #[serde(default)]
+            repositories: Vec<String>,
+        }
+        let mut out = Vec::new();
+        let mut next = Some("/v2/_catalog?n=1000".to_owned());
+        while let Some(path) = next.take() {
+            let url = self.absolute(&path);
+            let r = self
+                .send("registry:catalog:*", "catalog", |c| c.get(&url))
+                .await?;
+            if !r.status().is_success() {
+                return Err(self.error(r, "catalog").await);
+            }
+            next = next_link(r.headers());
+            let page: Catalog = r.json().await.map_err(|e| self.transport(e))?;
+            out.extend(page.repositories);
+        }
+        Ok(out)
+    }
+
+    /// vial's versions extension. `None` when the registry does not have it.
+    pub async fn versions(&self, repo: &RepoName) -> Result<Option<Vec<VersionInfo>>, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/versions"));
+        let r = self
+            .send(&Self::scope(repo, false), "versions", |c| c.get(&url))
+            .await?;
+        match r.status() {
+            StatusCode::OK => {
+                #[derive(Deserialize)]
+                struct Versions {
+                    versions: Vec<VersionInfo>,
+                }
+                let v: Versions = r.json().await.map_err(|e| self.transport(e))?;
+                Ok(Some(v.versions))
+            }
+            StatusCode::NOT_FOUND => match self.error(r, &repo.to_string()).await {
+                e @ ClientError::RepositoryNotFound(_) => Err(e),
+                _ => Ok(None),
+            },
+            _ => Err(self.error(r, "versions").await),
+        }
+    }
+
+    /// A raw request for callers that need one (e.g. HEAD of a manifest by digest).
+    pub async fn manifest_exists(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<bool, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/manifests/{digest}"));
+        let r = self
+            .send(&Self::scope(repo, false), "manifest check", |c| {
+                c.request(Method::HEAD, &url)
+            })
+            .await?;
+        match r.status() {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.error(r, &format!("HEAD manifest {digest}")).await),
+        }
+    }
+}
+
+/// The `rel="next"` target of a `Link` header.
+fn next_link(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    let link = headers.get("link")?.to_str().ok()?;
+    let (target, params) = link.split_once(';')?;
+    params.contains("rel=\"next\"").then(|| {
+        target
+            .trim()
+            .trim_start_matches('<')
+            .trim_end_matches('>')
+            .to_owned()
+    })
+}
