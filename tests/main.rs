@@ -16,3 +16,4 @@ mod docker_registry;
 mod oras;
 mod serve;
 mod skopeo;
+mod volumes;

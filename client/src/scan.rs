@@ -109,8 +109,10 @@ pub fn scan(root: &Path) -> Result<Vec<(String, Scanned)>, ClientError> {
 pub struct LocalIndex {
     version: u32,
     chunking: String,
-    /// When the index was written; entries modified within a second of it are not trusted (a file
-    /// written in the same clock tick as the index could have changed unseen).
+    /// When the index was written. An entry whose mtime is within a second of it is not trusted: the
+    /// file may have been modified again within the same coarse clock tick, leaving every stamp
+    /// field unchanged (git's "racily clean" entries). Such files are read again, and trusted on the
+    /// push after.
     written_ns: i128,
     files: HashMap<String, IndexedFile>,
 }
@@ -156,9 +158,7 @@ impl LocalIndex {
     /// The chunks of `path` if the file provably has not changed since they were computed.
     pub fn lookup(&self, path: &str, stamp: &Stamp) -> Option<&[ChunkRef]> {
         let f = self.files.get(path)?;
-        let fresh = f.stamp == *stamp
-            && stamp.mtime_ns + RACY_NS < self.written_ns
-            && stamp.ctime_ns + RACY_NS < self.written_ns;
+        let fresh = f.stamp == *stamp && stamp.mtime_ns + RACY_NS < self.written_ns;
         fresh.then_some(f.chunks.as_slice())
     }
 

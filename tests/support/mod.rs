@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod model;
 pub mod oci;
+pub mod proxy;
+pub mod vial;
 
 /// The `vial` binary built for this test run.
 pub fn vial_bin() -> PathBuf {

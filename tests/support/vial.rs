@@ -1,0 +1,80 @@
+//! Running the `vial` CLI from tests.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use super::vial_bin;
+
+/// Runs `vial ARGS` with an isolated cache and Docker config, returning its output.
+pub fn vial(home: &Path, args: &[&str]) -> Output {
+    Command::new(vial_bin())
+        .args(args)
+        .env("HOME", home)
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .env("DOCKER_CONFIG", home.join("docker"))
+        .env("VIAL_LOG", "warn")
+        .output()
+        .expect("run vial")
+}
+
+/// Runs `vial ARGS`, panicking with its stderr if it fails; returns stdout.
+pub fn vial_ok(home: &Path, args: &[&str]) -> String {
+    let out = vial(home, args);
+    assert!(
+        out.status.success(),
+        "vial {args:?} failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `vial push --json`, parsed.
+pub fn push_json(home: &Path, dir: &Path, reference: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["push", dir.to_str().unwrap(), reference, "--json"];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&vial_ok(home, &args)).expect("push --json output")
+}
+
+/// Asserts two directory trees are identical: names, types, file bytes, exec bits, symlink targets.
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let list = |root: &Path| {
+        let mut v = Vec::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                let m = std::fs::symlink_metadata(&p).unwrap();
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                if m.is_dir() {
+                    stack.push(p.clone());
+                    v.push((rel, "dir".to_string(), Vec::new()));
+                } else if m.file_type().is_symlink() {
+                    v.push((
+                        rel,
+                        format!("link {}", std::fs::read_link(&p).unwrap().display()),
+                        Vec::new(),
+                    ));
+                } else {
+                    let exec = m.permissions().mode() & 0o111 != 0;
+                    v.push((rel, format!("file exec={exec}"), std::fs::read(&p).unwrap()));
+                }
+            }
+        }
+        v.sort();
+        v
+    };
+    let (la, lb) = (list(a), list(b));
+    assert_eq!(
+        la.len(),
+        lb.len(),
+        "different entry counts: {:?} vs {:?}",
+        la.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        lb.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
+    for (x, y) in la.iter().zip(&lb) {
+        assert_eq!((&x.0, &x.1), (&y.0, &y.1));
+        assert!(x.2 == y.2, "content of {} differs", x.0);
+    }
+}

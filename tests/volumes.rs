@@ -1,0 +1,508 @@
+//! Sealed volumes end to end: push, re-push, pull, tags, versions, diff, determinism, interruption,
+//! hostile input, and pushing to a registry without vial's extensions.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::support::model::{bert_like, write_safetensors};
+use crate::support::oci::pseudo_random;
+use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
+use crate::support::{DockerRegistry, Server};
+
+/// A tree with everything a checkpoint directory may hold.
+fn write_tree(root: &Path) {
+    let deep = root.join("a/b/c/d/e/f/g");
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::create_dir_all(root.join("empty/dir")).unwrap();
+    std::fs::write(deep.join("deep.txt"), b"deep").unwrap();
+    std::fs::write(root.join("zero.bin"), b"").unwrap();
+    std::fs::write(root.join("big.bin"), pseudo_random(20 << 20, 1)).unwrap();
+    std::fs::write(root.join("ünïcödé 名前.json"), br#"{"ok": true}"#).unwrap();
+    std::fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("big.bin", root.join("latest")).unwrap();
+    std::os::unix::fs::symlink("../../../../zero.bin", deep.join("up")).unwrap();
+    write_safetensors(&root.join("model.safetensors"), &bert_like(2, 5));
+}
+
+#[test]
+fn push_then_pull_recreates_the_tree_exactly() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    write_tree(&src);
+    let reference = format!("{}/weights/round-trip", server.addr);
+    let report = push_json(home.path(), &src, &reference, &["--tag", "v1"]);
+    let pinned = report["reference"].as_str().unwrap().to_owned();
+    assert!(pinned.starts_with(&format!("{reference}@sha256:")));
+    assert_eq!(report["files"], 6);
+
+    for target in [pinned.clone(), format!("{reference}:v1")] {
+        let out = home.path().join(format!("out-{}", target.len()));
+        let last = vial_ok(home.path(), &["pull", &target, out.to_str().unwrap()]);
+        assert_eq!(last.trim(), pinned, "pull prints the pinned reference");
+        assert_same_tree(&src, &out);
+    }
+}
+
+#[test]
+fn the_same_content_gives_the_same_digest_whatever_the_order_and_mtimes() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let (a, b) = (home.path().join("a"), home.path().join("b"));
+    write_tree(&a);
+    // Same content written in another order, with other mtimes and a different umask-like mode.
+    std::fs::create_dir_all(&b).unwrap();
+    write_safetensors(&b.join("model.safetensors"), &bert_like(2, 5));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut names: Vec<_> = std::fs::read_dir(&a)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.reverse();
+    for n in names {
+        let (from, to) = (a.join(&n), b.join(&n));
+        if to.exists() {
+            continue;
+        }
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&from)
+            .arg(&to)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    std::fs::set_permissions(b.join("big.bin"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let reference = format!("{}/weights/determinism", server.addr);
+    let ra = push_json(home.path(), &a, &reference, &[]);
+    let rb = push_json(home.path(), &b, &reference, &[]);
+    assert_eq!(ra["digest"], rb["digest"]);
+}
+
+#[test]
+fn a_fine_tune_re_push_uploads_only_the_changed_tensors() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("ckpt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut tensors = bert_like(6, 1);
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+    std::fs::write(dir.join("config.json"), b"{\"layers\": 6}").unwrap();
+    // Files modified within a second of the local index being written are re-read (they could have
+    // changed within one clock tick); date these back so the index can vouch for them.
+    backdate(&dir);
+    let reference = format!("{}/weights/finetune", server.addr);
+    let first = push_json(home.path(), &dir, &reference, &["--tag", "step-1"]);
+    assert_eq!(first["bytes_uploaded"], first["bytes"]);
+
+    // Unchanged: nothing is read again (local index) and nothing is uploaded.
+    let same = push_json(home.path(), &dir, &reference, &[]);
+    assert_eq!(same["digest"], first["digest"]);
+    assert_eq!(same["bytes_uploaded"], 0);
+    assert_eq!(
+        same["bytes_read"], 0,
+        "unchanged files must not be read again"
+    );
+
+    // Rewrite 3 of 25 tensors, including two small norms.
+    let mut changed = 0u64;
+    for i in [1usize, 2, 7] {
+        tensors[i].2 += 1000;
+        changed += tensors[i].1 as u64 * 2;
+    }
+    write_safetensors(&dir.join("model.safetensors"), &tensors);
+    let next = push_json(home.path(), &dir, &reference, &["--tag", "step-2"]);
+    let uploaded = next["bytes_uploaded"].as_u64().unwrap();
+    assert!(
+        uploaded >= changed,
+        "uploaded {uploaded} < changed {changed}"
+    );
+    assert!(
+        uploaded as f64 <= changed as f64 * 1.25 + 4096.0,
+        "re-push uploaded {uploaded} bytes for {changed} changed bytes"
+    );
+
+    // --rehash reads everything but still uploads nothing new.
+    let rehash = push_json(home.path(), &dir, &reference, &["--rehash"]);
+    assert_eq!(rehash["digest"], next["digest"]);
+    assert_eq!(rehash["bytes_uploaded"], 0);
+    assert!(rehash["bytes_read"].as_u64().unwrap() > 0);
+
+    let versions = vial_ok(home.path(), &["versions", &reference, "--json"]);
+    let versions: serde_json::Value = serde_json::from_str(&versions).unwrap();
+    assert_eq!(versions.as_array().unwrap().len(), 2);
+    let diff = vial_ok(
+        home.path(),
+        &[
+            "diff",
+            &format!("{reference}:step-1"),
+            &format!("{reference}:step-2"),
+            "--json",
+        ],
+    );
+    let diff: serde_json::Value = serde_json::from_str(&diff).unwrap();
+    assert_eq!(
+        diff["diff"]["changed"],
+        serde_json::json!(["model.safetensors"])
+    );
+    assert!(diff["diff"]["bytes_to_fetch"].as_u64().unwrap() <= uploaded);
+}
+
+fn backdate(dir: &Path) {
+    let status = std::process::Command::new("find")
+        .arg(dir)
+        .args([
+            "-type",
+            "f",
+            "-exec",
+            "touch",
+            "-m",
+            "-d",
+            "10 seconds ago",
+            "{}",
+            "+",
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn tag_moves_are_compare_and_swap() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let reference = format!("{}/weights/cas", server.addr);
+    let mut digests = Vec::new();
+    for i in 0..6u64 {
+        let dir = home.path().join(format!("v{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("w.bin"), pseudo_random(1000, i)).unwrap();
+        digests.push(
+            push_json(home.path(), &dir, &reference, &[])["digest"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    vial_ok(
+        home.path(),
+        &[
+            "tag",
+            "set",
+            &format!("{reference}@{}", digests[0]),
+            "prod",
+            "--expect",
+            "none",
+        ],
+    );
+    // Five writers race to move prod from digests[0]: exactly one may win.
+    let handles: Vec<_> = (1..6)
+        .map(|i| {
+            let (home, reference, target, expect) = (
+                home.path().to_owned(),
+                reference.clone(),
+                digests[i].clone(),
+                digests[0].clone(),
+            );
+            std::thread::spawn(move || {
+                vial(
+                    &home,
+                    &[
+                        "tag",
+                        "set",
+                        &format!("{reference}@{target}"),
+                        "prod",
+                        "--expect",
+                        &expect,
+                    ],
+                )
+            })
+        })
+        .collect();
+    let outputs: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let winners = outputs.iter().filter(|o| o.status.success()).count();
+    assert_eq!(winners, 1, "exactly one compare-and-swap must win");
+    for o in outputs.iter().filter(|o| !o.status.success()) {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("tag prod moved"),
+            "loser's error should say the tag moved: {err}"
+        );
+    }
+    let again = vial(
+        home.path(),
+        &[
+            "tag",
+            "set",
+            &format!("{reference}@{}", digests[1]),
+            "prod",
+            "--expect",
+            "none",
+        ],
+    );
+    assert!(
+        !again.status.success(),
+        "--expect none must refuse an existing tag"
+    );
+}
+
+#[test]
+fn an_interrupted_push_publishes_nothing_and_the_next_push_sends_only_the_rest() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("big");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..6u64 {
+        std::fs::write(
+            dir.join(format!("shard-{i}.bin")),
+            pseudo_random(64 << 20, 40 + i),
+        )
+        .unwrap();
+    }
+    let total = 6 * (64u64 << 20);
+    let reference = format!("{}/weights/interrupted", server.addr);
+    let mut child = std::process::Command::new(crate::support::vial_bin())
+        .args([
+            "push",
+            dir.to_str().unwrap(),
+            &reference,
+            "--tag",
+            "latest",
+            "--uploads",
+            "2",
+        ])
+        .env("HOME", home.path())
+        .env("XDG_CACHE_HOME", home.path().join("cache"))
+        .env("DOCKER_CONFIG", home.path().join("docker"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill the client once the registry has received some, but not all, of the data.
+    let metrics = format!("{}/metrics", server.url());
+    let client = reqwest::blocking::Client::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let received = loop {
+        let text = client.get(&metrics).send().unwrap().text().unwrap();
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("vial_bytes_received_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if n > 16 << 20 || std::time::Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        received > 0 && received < total,
+        "the kill must land mid-upload (received {received} of {total})"
+    );
+
+    let tags = client
+        .get(format!("{}/v2/weights/interrupted/tags/list", server.url()))
+        .send()
+        .unwrap();
+    let tags: serde_json::Value = tags.json().unwrap();
+    assert!(
+        tags["tags"].as_array().is_none_or(|t| t.is_empty()),
+        "nothing may be published: {tags}"
+    );
+
+    let report = push_json(home.path(), &dir, &reference, &["--tag", "latest"]);
+    let uploaded = report["bytes_uploaded"].as_u64().unwrap();
+    assert!(uploaded < total, "the second push re-sent everything");
+    assert!(report["bytes_reused"].as_u64().unwrap() > 0);
+    let out = home.path().join("out");
+    vial_ok(
+        home.path(),
+        &[
+            "pull",
+            &format!("{reference}:latest"),
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_same_tree(&dir, &out);
+}
+
+#[test]
+fn push_and_pull_work_against_a_registry_without_vial_extensions() {
+    let Some(peer) = DockerRegistry::start() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    write_tree(&src);
+    let reference = format!("{}/weights/on-distribution", peer.addr);
+    let first = push_json(home.path(), &src, &reference, &["--tag", "v1"]);
+    let again = push_json(home.path(), &src, &reference, &["--tag", "v1", "--rehash"]);
+    assert_eq!(again["digest"], first["digest"]);
+    assert_eq!(
+        again["bytes_uploaded"], 0,
+        "HEAD checks must find every chunk"
+    );
+    let out = home.path().join("out");
+    vial_ok(
+        home.path(),
+        &["pull", &format!("{reference}:v1"), out.to_str().unwrap()],
+    );
+    assert_same_tree(&src, &out);
+    let versions = vial(home.path(), &["versions", &reference]);
+    assert!(!versions.status.success());
+    assert!(String::from_utf8_lossy(&versions.stderr).contains("vial tag ls"));
+}
+
+#[test]
+fn cli_errors_are_clear() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "pull".into(),
+                format!("{}/no/such:v1", server.addr),
+                "x".into(),
+            ],
+            "not found",
+        ),
+        (
+            vec!["inspect".into(), format!("{}/no/such:v1", server.addr)],
+            "not found",
+        ),
+        (
+            vec!["pull".into(), "127.0.0.1:1/a/b:v1".into(), "x".into()],
+            "unreachable",
+        ),
+        (
+            vec!["pull".into(), "weights/model:v1".into(), "x".into()],
+            "no registry host",
+        ),
+        (
+            vec![
+                "push".into(),
+                "/definitely/not/here".into(),
+                format!("{}/a", server.addr),
+            ],
+            "is not a directory",
+        ),
+        (
+            vec![
+                "tag".into(),
+                "set".into(),
+                format!("{}/a@sha256:{}", server.addr, "0".repeat(64)),
+                "prod".into(),
+            ],
+            "not found",
+        ),
+    ];
+    for (args, expected) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = vial(home.path(), &args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(expected),
+            "{args:?}: expected {expected:?} in: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}
+
+#[test]
+fn corrupt_or_failing_downloads_are_detected_and_nothing_wrong_is_kept() {
+    use crate::support::proxy::{Fault, Proxy};
+    let server = Server::start();
+    let proxy = Proxy::start(&server.addr);
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("w.bin"), pseudo_random(3 << 20, 9)).unwrap();
+    let pinned = push_json(
+        home.path(),
+        &src,
+        &format!("{}/weights/faulty", server.addr),
+        &[],
+    )["reference"]
+        .as_str()
+        .unwrap()
+        .replace(&server.addr, &proxy.addr);
+    let out = home.path().join("out");
+
+    proxy.set(Fault::Corrupt);
+    let bad = vial(home.path(), &["pull", &pinned, out.to_str().unwrap()]);
+    assert!(
+        !bad.status.success(),
+        "a corrupt download must fail the pull"
+    );
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("digest mismatch"), "{err}");
+    assert!(
+        !out.join("w.bin").exists(),
+        "no file may appear under its final name with wrong bytes"
+    );
+
+    proxy.set(Fault::Truncate);
+    assert!(
+        !vial(home.path(), &["pull", &pinned, out.to_str().unwrap()])
+            .status
+            .success()
+    );
+    assert!(!out.join("w.bin").exists());
+
+    // Two 503s are retried; the same command then completes, resuming what it had.
+    proxy.set(Fault::Unavailable(2));
+    vial_ok(home.path(), &["pull", &pinned, out.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(out.join("w.bin")).unwrap(),
+        std::fs::read(src.join("w.bin")).unwrap()
+    );
+}
+
+#[test]
+fn a_malicious_tree_is_refused_and_nothing_is_written_outside() {
+    use vial_core::volume::{build_layout, ChunkingInfo, Tree};
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let client = reqwest::blocking::Client::new();
+    // A tree that tries to escape the destination, pushed by hand (vial push would never write it).
+    let evil = serde_json::json!({
+        "format": 1,
+        "chunking": ChunkingInfo::v1(vial_core::chunking::DEFAULT_PARAMS),
+        "chunks": [],
+        "entries": [{"path": "../escaped.txt", "type": "file", "mode": 420, "size": 0, "chunks": []}]
+    });
+    let tree: Tree = serde_json::from_value(evil).unwrap();
+    let layout = build_layout(&tree);
+    let base = server.url();
+    let repo = "weights/evil";
+    crate::support::push_blob(&client, &base, repo, b"{}");
+    crate::support::push_blob(&client, &base, repo, &layout.tree.bytes);
+    for (m, ty) in [
+        (&layout.tree_manifest, vial_core::media::OCI_MANIFEST),
+        (&layout.index, vial_core::media::OCI_INDEX),
+    ] {
+        let r = client
+            .put(format!("{base}/v2/{repo}/manifests/{}", m.digest))
+            .header("content-type", ty)
+            .body(m.bytes.clone())
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let out = home.path().join("sub/out");
+    let result = vial(
+        home.path(),
+        &[
+            "pull",
+            &format!("{}/{repo}@{}", server.addr, layout.index.digest),
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(!result.status.success());
+    let err = String::from_utf8_lossy(&result.stderr);
+    assert!(err.contains("invalid path"), "{err}");
+    assert!(!home.path().join("sub/escaped.txt").exists());
+}
