@@ -4,6 +4,7 @@
 mod common;
 mod info;
 mod login;
+mod mount;
 mod push;
 mod serve;
 mod tag;
@@ -54,10 +55,31 @@ enum Command {
     Diff(info::DiffArgs),
     /// Save credentials for a registry in the Docker config file.
     Login(login::LoginArgs),
+    /// Mount a version read-only, lazily: files appear at once, bytes stream in as they are read.
+    Mount(mount::MountArgs),
+    /// Unmount a volume mounted with `vial mount`.
+    Umount(mount::UmountArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Called as mount.vial by mount(8): translate its calling convention.
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    let cli = if invoked_as == "mount.vial" {
+        match mount::helper_args(&argv) {
+            Ok(args) => Cli::parse_from(args),
+            Err(e) => {
+                eprintln!("mount.vial: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        Cli::parse()
+    };
     init_logging(&cli.log, cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
@@ -69,6 +91,8 @@ fn main() -> ExitCode {
         Command::Inspect(args) => info::run_inspect(args),
         Command::Diff(args) => info::run_diff(args),
         Command::Login(args) => login::run(args),
+        Command::Mount(args) => mount::run(args),
+        Command::Umount(args) => mount::run_umount(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,403 @@
+//! `vial mount`, `vial umount` and the `mount.vial` helper for mount(8) and /etc/fstab.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use vial_client::volume;
+use vial_snapshotter::{MountOptions, Prefetch};
+
+use crate::common::{human_bytes, parse_reference, RegistryArgs};
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  vial mount localhost:5000/weights/my-model:prod /mnt/weights/my-model\n  vial mount localhost:5000/weights/my-model@sha256:… /mnt/m --cache-size 20GiB --prefetch all\n  vial mount --stats /mnt/m\n  vial umount /mnt/m\n\nA tag is resolved once, at mount: the mount serves that version until it is unmounted.\nFrom /etc/fstab (with mount.vial linked to vial in /sbin):\n  localhost:5000/weights/m:prod  /mnt/m  vial  cache-size=20GiB,prefetch=all  0 0"
+)]
+pub struct MountArgs {
+    /// Version to mount: host[:port]/name:tag or host[:port]/name@sha256:…
+    #[arg(required_unless_present = "stats")]
+    reference: Option<String>,
+    /// Empty directory to mount it on.
+    #[arg(required_unless_present = "stats")]
+    mountpoint: Option<PathBuf>,
+    /// Node chunk cache directory, shared by every mount on the node.
+    #[arg(long, env = "VIAL_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Bound on the chunk cache, e.g. 500MiB, 20GiB.
+    #[arg(long, env = "VIAL_CACHE_SIZE", default_value = "10GiB", value_parser = parse_size)]
+    cache_size: u64,
+    /// `all` streams the whole volume into the cache in the background; `none` only reads ahead.
+    #[arg(long, default_value = "none", value_parser = ["none", "all"])]
+    prefetch: String,
+    /// How long one chunk may take (retries included) before a read fails with EIO, e.g. 30s.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Stay in the foreground instead of returning once the mount is ready.
+    #[arg(long)]
+    foreground: bool,
+    /// Log file of a background mount (default: next to the cache, under logs/).
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+    /// Print the statistics of the mount at this path and exit.
+    #[arg(long, value_name = "MOUNTPOINT", conflicts_with_all = ["reference", "mountpoint"])]
+    stats: Option<PathBuf>,
+    /// Print what a child mount prints when it is ready (internal: used by the background mode).
+    #[arg(long, hide = true)]
+    announce_ready: bool,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UmountArgs {
+    mountpoint: PathBuf,
+    /// Detach now even if files are open; the mount goes away when the last one is closed.
+    #[arg(long)]
+    lazy: bool,
+}
+
+/// Sizes like `500MiB`, `20GiB`, `1.5G`, `1000000`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let n: f64 = number.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1000 * 1000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1000 * 1000 * 1000,
+        "gib" => 1 << 30,
+        "t" | "tb" => 1000u64.pow(4),
+        "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+/// `$XDG_CACHE_HOME/vial/cache`, else `~/.cache/vial/cache`, else `/var/cache/vial`.
+fn default_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("vial/cache");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".cache/vial/cache"),
+        None => PathBuf::from("/var/cache/vial"),
+    }
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run(args: MountArgs) -> anyhow::Result<()> {
+    if let Some(mp) = &args.stats {
+        let path = mp.join(vial_snapshotter::stats_file_name());
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "{} is not a vial mount (no {})",
+                mp.display(),
+                path.display()
+            )
+        })?;
+        let s: vial_snapshotter::stats::Snapshot =
+            serde_json::from_str(&text).context("unreadable mount statistics")?;
+        println!("{}", s.reference);
+        println!(
+            "fetched   {} in {} chunks ({} prefetched)",
+            human_bytes(s.bytes_fetched),
+            s.chunks_fetched,
+            s.prefetched_chunks
+        );
+        println!("read      {}", human_bytes(s.bytes_read));
+        println!(
+            "cache     {} hits, {} misses, {} evictions, {} of {} used",
+            s.cache_hits,
+            s.cache_misses,
+            s.evictions,
+            human_bytes(s.cache_bytes),
+            human_bytes(s.cache_limit)
+        );
+        println!("errors    {}", s.fetch_errors);
+        return Ok(());
+    }
+    let (Some(reference), Some(mountpoint)) = (args.reference.clone(), args.mountpoint.clone())
+    else {
+        bail!("give a reference and a mountpoint");
+    };
+    let reference = parse_reference(&reference)?;
+    let mountpoint = std::fs::canonicalize(&mountpoint)
+        .ok()
+        .filter(|m| m.is_dir())
+        .with_context(|| {
+            format!(
+                "mountpoint {} does not exist or is not a directory",
+                mountpoint.display()
+            )
+        })?;
+    let cache_dir = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    if !args.foreground {
+        return spawn_background(&args, &cache_dir, &mountpoint);
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let registry = args.registry.connect(reference.registry())?;
+    let version = runtime
+        .block_on(volume::open(
+            &registry,
+            reference.repo(),
+            &reference.target(),
+        ))
+        .with_context(|| format!("cannot open {reference}"))?;
+    let pinned = reference.pinned(version.digest.clone());
+    let options = MountOptions {
+        cache_dir,
+        cache_size: args.cache_size,
+        prefetch: if args.prefetch == "all" {
+            Prefetch::All
+        } else {
+            Prefetch::None
+        },
+        timeout: args.timeout,
+        parallel: 16,
+    };
+    let files = version.tree.file_count();
+    let bytes = version.tree.total_bytes();
+    let mut mounted = vial_snapshotter::mount::mount(
+        runtime.handle(),
+        registry,
+        reference.repo().clone(),
+        version,
+        format!("vial:{pinned}"),
+        &mountpoint,
+        &options,
+    )
+    .with_context(|| format!("cannot mount {reference}"))?;
+    tracing::info!(%pinned, mountpoint = %mountpoint.display(), files, bytes, "mounted");
+    if args.announce_ready {
+        println!("ready {pinned}");
+    } else {
+        eprintln!(
+            "mounted {pinned} at {} ({files} files, {})",
+            mountpoint.display(),
+            human_bytes(bytes)
+        );
+        println!("{pinned}");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot listen for SIGTERM")?;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    if mounted.try_wait().is_some() {
+                        tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                }
+            }
+        }
+        tracing::info!(mountpoint = %mountpoint.display(), "signal received, unmounting");
+        mounted.unmount();
+        Ok(())
+    })?;
+    let _ = mounted.wait();
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    Ok(())
+}
+
+/// Starts the same command with `--foreground` as a detached process and returns once it reports
+/// that the mount is ready, printing the pinned reference.
+#[allow(clippy::print_stdout)]
+fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> anyhow::Result<()> {
+    let log = args.log_file.clone().unwrap_or_else(|| {
+        let key =
+            vial_core::Algorithm::Sha256.digest_bytes(mountpoint.to_string_lossy().as_bytes());
+        cache_dir
+            .join("logs")
+            .join(format!("mount-{}.log", &key.hex()[..16]))
+    });
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let log_file =
+        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
+    let exe = std::env::current_exe().context("cannot find the vial executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount")
+        .arg(args.reference.as_deref().unwrap_or_default())
+        .arg(mountpoint)
+        .arg("--foreground")
+        .arg("--announce-ready")
+        .arg("--cache-dir")
+        .arg(cache_dir)
+        .arg("--cache-size")
+        .arg(args.cache_size.to_string())
+        .arg("--prefetch")
+        .arg(&args.prefetch)
+        .arg("--timeout")
+        .arg(humantime::format_duration(args.timeout).to_string());
+    if args.registry.plain_http {
+        cmd.arg("--plain-http");
+    }
+    // Its own process group, so a terminal's hangup or Ctrl-C does not take the mount down.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .spawn()
+        .context("cannot start the mount process")?;
+    let stdout = child
+        .stdout
+        .take()
+        .context("no stdout from the mount process")?;
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .context("mount process failed")?;
+    match line.trim().strip_prefix("ready ") {
+        Some(pinned) => {
+            eprintln!(
+                "mounted {pinned} at {} (pid {}, log {})",
+                mountpoint.display(),
+                child.id(),
+                log.display()
+            );
+            println!("{pinned}");
+            Ok(())
+        }
+        None => {
+            let _ = child.wait();
+            let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+            let last = log_text
+                .lines()
+                .rev()
+                .find(|l| l.contains("error"))
+                .unwrap_or(log_text.trim());
+            bail!("mount failed: {}", last.trim())
+        }
+    }
+}
+
+pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
+    let mp = &args.mountpoint;
+    let tools: [(&str, &[&str]); 2] = if args.lazy {
+        [("fusermount3", &["-u", "-z"]), ("umount", &["-l"])]
+    } else {
+        [("fusermount3", &["-u"]), ("umount", &[])]
+    };
+    let mut last_error = String::new();
+    for (tool, flags) in tools {
+        match Command::new(tool).args(flags).arg(mp).output() {
+            Ok(out) if out.status.success() => {
+                eprintln!("unmounted {}", mp.display());
+                return Ok(());
+            }
+            Ok(out) => last_error = String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            Err(_) => continue,
+        }
+    }
+    if last_error.contains("busy") {
+        bail!(
+            "{} is busy: files are open on it (close them, or use `vial umount --lazy`)",
+            mp.display()
+        );
+    }
+    bail!("cannot unmount {}: {last_error}", mp.display())
+}
+
+/// `mount.vial SOURCE MOUNTPOINT [-o opt,opt=value]`, as mount(8) calls it: turned into the
+/// equivalent `vial mount` arguments.
+pub fn helper_args(argv: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut it = argv.iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => options.extend(
+                it.next()
+                    .map(|o| o.split(',').map(str::to_owned).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            ),
+            // mount(8) passes these; a read-only network filesystem has nothing to do with them.
+            "-n" | "-s" | "-f" | "-v" => {}
+            _ => positional.push(a.clone()),
+        }
+    }
+    let [source, mountpoint] = positional.as_slice() else {
+        bail!("usage: mount.vial REFERENCE MOUNTPOINT [-o options]");
+    };
+    let mut out = vec![
+        "vial".to_owned(),
+        "mount".to_owned(),
+        source.clone(),
+        mountpoint.clone(),
+    ];
+    for o in options {
+        match o.split_once('=') {
+            Some((k @ ("cache-size" | "cache-dir" | "prefetch" | "timeout" | "log-file"), v)) => {
+                out.push(format!("--{k}"));
+                out.push(v.to_owned());
+            }
+            None if o == "plain-http" => out.push("--plain-http".into()),
+            // Generic options mount(8) adds (ro, defaults, noauto, _netdev, …).
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("500MiB"), Ok(500 << 20));
+        assert_eq!(parse_size("20GiB"), Ok(20 << 30));
+        assert_eq!(parse_size("1.5G"), Ok(1_500_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("GiB").is_err());
+    }
+
+    #[test]
+    fn fstab_options_become_flags() {
+        let argv: Vec<String> = [
+            "mount.vial",
+            "h:5000/a:v1",
+            "/mnt/a",
+            "-o",
+            "rw,cache-size=1GiB,prefetch=all,plain-http",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            helper_args(&argv).unwrap(),
+            [
+                "vial",
+                "mount",
+                "h:5000/a:v1",
+                "/mnt/a",
+                "--cache-size",
+                "1GiB",
+                "--prefetch",
+                "all",
+                "--plain-http"
+            ]
+        );
+    }
+}

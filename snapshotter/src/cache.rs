@@ -1,0 +1,404 @@
+//! The node chunk cache: verified chunks on disk, content-addressed, shared by every mount on the
+//! node and bounded in size with least-recently-used eviction.
+//!
+//! Layout: `<dir>/chunks/<algorithm>/<xx>/<hex>`, written as `<dir>/tmp/<random>` and renamed into
+//! place only after the bytes matched the digest, so a reader never sees a partial chunk under a
+//! chunk's name. Files found on disk when a process starts (left by an earlier process, possibly
+//! before a power loss that lost unflushed data) are hashed again the first time this process uses
+//! them; a mismatch deletes the file and the chunk is fetched again.
+//!
+//! Several processes may share one directory. Each keeps its own view of what is there and evicts
+//! to its own bound; a chunk another process evicted is simply missing on open and fetched again.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use vial_core::{Algorithm, Digest};
+
+use crate::stats::Stats;
+
+/// The smallest cache that still holds a few chunks of the largest size.
+pub const MIN_CACHE_SIZE: u64 = 64 * 1024 * 1024;
+
+#[derive(Debug)]
+struct Entry {
+    size: u64,
+    last_used: u64,
+    /// Whether this process has checked (or written) the bytes.
+    verified: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<Digest, Entry>,
+    total: u64,
+    tick: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cache i/o at {}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("chunk {digest} in the cache does not match its digest; removed")]
+    Corrupt { digest: Digest },
+    #[error("chunk {0} is not in the cache")]
+    Missing(Digest),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + '_ {
+    move |source| CacheError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+#[derive(Debug)]
+pub struct ChunkCache {
+    dir: PathBuf,
+    limit: u64,
+    state: Mutex<State>,
+    tmp_counter: AtomicU64,
+    stats: std::sync::Arc<Stats>,
+}
+
+impl ChunkCache {
+    /// Opens (creating) the cache at `dir`, bounded to `limit` bytes, and indexes what is there.
+    pub fn open(
+        dir: &Path,
+        limit: u64,
+        stats: std::sync::Arc<Stats>,
+    ) -> Result<ChunkCache, CacheError> {
+        let limit = limit.max(MIN_CACHE_SIZE);
+        for sub in ["chunks", "tmp"] {
+            let d = dir.join(sub);
+            std::fs::create_dir_all(&d).map_err(io(&d))?;
+        }
+        // Leftover temporary files are partial writes of a process that died.
+        let tmp = dir.join("tmp");
+        for e in std::fs::read_dir(&tmp).map_err(io(&tmp))?.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+        let cache = ChunkCache {
+            dir: dir.to_owned(),
+            limit,
+            state: Mutex::new(State::default()),
+            tmp_counter: AtomicU64::new(0),
+            stats,
+        };
+        cache.rescan()?;
+        Ok(cache)
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn path(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.hex();
+        self.dir
+            .join("chunks")
+            .join(digest.algorithm().as_str())
+            .join(&hex[..2])
+            .join(hex)
+    }
+
+    /// Indexes the chunk files on disk, oldest modification first, as unverified.
+    fn rescan(&self) -> Result<(), CacheError> {
+        let mut found: Vec<(std::time::SystemTime, Digest, u64)> = Vec::new();
+        let root = self.dir.join("chunks");
+        for alg in Algorithm::ALL {
+            let Ok(prefixes) = std::fs::read_dir(root.join(alg.as_str())) else {
+                continue;
+            };
+            for p in prefixes.flatten() {
+                let Ok(files) = std::fs::read_dir(p.path()) else {
+                    continue;
+                };
+                for f in files.flatten() {
+                    let name = f.file_name().to_string_lossy().into_owned();
+                    let Ok(digest) = Digest::parse(&format!("{alg}:{name}")) else {
+                        continue;
+                    };
+                    let Ok(meta) = f.metadata() else { continue };
+                    found.push((
+                        meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+                        digest,
+                        meta.len(),
+                    ));
+                }
+            }
+        }
+        found.sort_by_key(|(t, _, _)| *t);
+        let mut state = self.lock();
+        for (_, digest, size) in found {
+            state.tick += 1;
+            let tick = state.tick;
+            if state
+                .entries
+                .insert(
+                    digest,
+                    Entry {
+                        size,
+                        last_used: tick,
+                        verified: false,
+                    },
+                )
+                .is_none()
+            {
+                state.total += size;
+            }
+        }
+        drop(state);
+        self.evict();
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding this lock cannot leave the map inconsistent in a way that matters
+        // (worst case a size is miscounted), so keep serving rather than poisoning every read.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the chunk is present and verified by this process, marking it used.
+    pub fn contains_verified(&self, digest: &Digest) -> bool {
+        let mut state = self.lock();
+        state.tick += 1;
+        let tick = state.tick;
+        match state.entries.get_mut(digest) {
+            Some(e) if e.verified => {
+                e.last_used = tick;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Makes sure a chunk on disk is intact before it is served: hashes it once per process. This
+    /// also finds chunks another process (another mount on the node) stored after this one started.
+    /// Returns `Ok(false)` when the chunk is not on disk.
+    pub fn verify_existing(&self, digest: &Digest) -> Result<bool, CacheError> {
+        if self.lock().entries.get(digest).is_some_and(|e| e.verified) {
+            return Ok(true);
+        }
+        let path = self.path(digest);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.forget(digest);
+                return Ok(false);
+            }
+            Err(e) => return Err(io(&path)(e)),
+        };
+        if &digest.algorithm().digest_bytes(&bytes) != digest {
+            tracing::error!(%digest, path = %path.display(), "cached chunk is corrupt; removing it");
+            let _ = std::fs::remove_file(&path);
+            self.forget(digest);
+            return Err(CacheError::Corrupt {
+                digest: digest.clone(),
+            });
+        }
+        {
+            let mut state = self.lock();
+            state.tick += 1;
+            let tick = state.tick;
+            let size = bytes.len() as u64;
+            match state.entries.get_mut(digest) {
+                Some(e) => {
+                    e.verified = true;
+                    e.last_used = tick;
+                }
+                None => {
+                    state.entries.insert(
+                        digest.clone(),
+                        Entry {
+                            size,
+                            last_used: tick,
+                            verified: true,
+                        },
+                    );
+                    state.total += size;
+                }
+            }
+        }
+        self.evict();
+        Ok(true)
+    }
+
+    fn forget(&self, digest: &Digest) {
+        let mut state = self.lock();
+        if let Some(e) = state.entries.remove(digest) {
+            state.total -= e.size;
+        }
+    }
+
+    /// Stores a chunk whose bytes the caller has verified against `digest`, then evicts down to the
+    /// bound. The chunk just stored is the most recently used, so it survives this eviction.
+    pub fn insert(&self, digest: &Digest, bytes: &[u8]) -> Result<(), CacheError> {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .dir
+            .join("tmp")
+            .join(format!("{}-{n}", std::process::id()));
+        let dest = self.path(digest);
+        let result = (|| -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::rename(&tmp, &dest)
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(&dest)(e));
+        }
+        {
+            let mut state = self.lock();
+            state.tick += 1;
+            let tick = state.tick;
+            let size = bytes.len() as u64;
+            match state.entries.insert(
+                digest.clone(),
+                Entry {
+                    size,
+                    last_used: tick,
+                    verified: true,
+                },
+            ) {
+                Some(old) => state.total = state.total - old.size + size,
+                None => state.total += size,
+            }
+        }
+        self.evict();
+        Ok(())
+    }
+
+    /// Removes least recently used chunks until the cache is within its bound.
+    fn evict(&self) {
+        let victims: Vec<(Digest, u64)> = {
+            let mut state = self.lock();
+            if state.total <= self.limit {
+                return;
+            }
+            let mut order: Vec<(u64, Digest, u64)> = state
+                .entries
+                .iter()
+                .map(|(d, e)| (e.last_used, d.clone(), e.size))
+                .collect();
+            order.sort_by_key(|(t, _, _)| *t);
+            let mut victims = Vec::new();
+            let newest = order.last().map(|(_, d, _)| d.clone());
+            for (_, d, size) in order {
+                if state.total <= self.limit || Some(&d) == newest.as_ref() {
+                    break;
+                }
+                state.entries.remove(&d);
+                state.total -= size;
+                victims.push((d, size));
+            }
+            victims
+        };
+        for (d, _) in &victims {
+            // Readers holding the file open keep reading it; new opens miss and fetch again.
+            let _ = std::fs::remove_file(self.path(d));
+        }
+        self.stats
+            .evictions
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of a cached chunk.
+    pub fn read_at(&self, digest: &Digest, offset: u64, buf: &mut [u8]) -> Result<(), CacheError> {
+        let path = self.path(digest);
+        let f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.forget(digest);
+                return Err(CacheError::Missing(digest.clone()));
+            }
+            Err(e) => return Err(io(&path)(e)),
+        };
+        f.read_exact_at(buf, offset).map_err(io(&path))
+    }
+
+    pub fn total(&self) -> u64 {
+        self.lock().total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn chunk(i: u8) -> (Digest, Vec<u8>) {
+        let bytes = vec![i; 30 * 1024 * 1024];
+        (Algorithm::Sha256.digest_bytes(&bytes), bytes)
+    }
+
+    #[test]
+    fn eviction_keeps_the_cache_within_its_bound_and_drops_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache =
+            ChunkCache::open(dir.path(), MIN_CACHE_SIZE, Arc::new(Stats::default())).unwrap();
+        let chunks: Vec<_> = (0..4).map(chunk).collect();
+        for (d, b) in &chunks {
+            cache.insert(d, b).unwrap();
+            assert!(cache.total() <= MIN_CACHE_SIZE);
+        }
+        assert!(
+            !cache.contains_verified(&chunks[0].0),
+            "the oldest chunk is evicted first"
+        );
+        assert!(cache.contains_verified(&chunks[3].0));
+        let mut buf = [0u8; 4];
+        cache.read_at(&chunks[3].0, 100, &mut buf).unwrap();
+        assert_eq!(buf, [3; 4]);
+    }
+
+    #[test]
+    fn chunks_left_on_disk_are_reverified_and_corrupt_ones_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (good, good_bytes) = chunk(1);
+        let (bad, bad_bytes) = chunk(2);
+        {
+            let cache = ChunkCache::open(dir.path(), 1 << 30, Arc::new(Stats::default())).unwrap();
+            cache.insert(&good, &good_bytes).unwrap();
+            cache.insert(&bad, &bad_bytes).unwrap();
+        }
+        // Simulate a torn write that survived a crash under the chunk's name.
+        std::fs::write(
+            dir.path()
+                .join("chunks/sha256")
+                .join(&bad.hex()[..2])
+                .join(bad.hex()),
+            b"torn",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("tmp/123-0"), b"partial").unwrap();
+        let cache = ChunkCache::open(dir.path(), 1 << 30, Arc::new(Stats::default())).unwrap();
+        assert!(
+            !cache.contains_verified(&good),
+            "found chunks start unverified"
+        );
+        assert!(cache.verify_existing(&good).unwrap());
+        assert!(matches!(
+            cache.verify_existing(&bad),
+            Err(CacheError::Corrupt { .. })
+        ));
+        assert!(
+            !cache.verify_existing(&bad).unwrap(),
+            "the corrupt chunk is gone"
+        );
+        assert!(!dir.path().join("tmp/123-0").exists());
+    }
+}

@@ -1,0 +1,504 @@
+//! The FUSE filesystem: metadata from the inode table, file reads through the chunk cache.
+//!
+//! FUSE threads never wait on the network. A read whose chunks are all in the cache is answered on
+//! the FUSE thread; any other read hands its reply to the async runtime, which fetches the missing
+//! chunks and answers when they are verified and stored.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
+    LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    WriteFlags,
+};
+use vial_core::volume::ChunkRef;
+
+use crate::cache::CacheError;
+use crate::errno;
+use crate::fetch::Fetcher;
+use crate::inodes::{FileNode, Inodes, NodeKind, Piece};
+use crate::stats::Stats;
+
+/// Attributes never change: the kernel may cache them for as long as it likes.
+const TTL: Duration = Duration::from_secs(24 * 3600);
+/// Largest read the kernel sends us, and how far it reads ahead.
+const MAX_IO: u32 = 1024 * 1024;
+/// The furthest ahead of a sequential reader that chunks are fetched.
+const READAHEAD_MAX: u64 = 64 * 1024 * 1024;
+
+#[derive(Debug)]
+pub struct Shared {
+    pub inodes: Inodes,
+    pub chunks: Vec<ChunkRef>,
+    pub fetcher: Arc<Fetcher>,
+    pub stats: Arc<Stats>,
+    pub runtime: tokio::runtime::Handle,
+    pub reference: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub time: SystemTime,
+    /// Per file, the reader's sequential run and how far readahead has been started.
+    pub readahead: Mutex<HashMap<u64, ReadAhead>>,
+}
+
+/// Sequential-read detection for one file.
+#[derive(Debug, Default)]
+pub struct ReadAhead {
+    /// Where the last read ended.
+    last_end: u64,
+    /// Bytes read sequentially up to `last_end`.
+    run: u64,
+    /// Chunks below this index have had a fetch started.
+    mark: usize,
+}
+
+#[derive(Debug)]
+pub struct VialFs {
+    pub shared: Arc<Shared>,
+}
+
+impl Shared {
+    fn attr(&self, ino: u64) -> Option<FileAttr> {
+        let node = self.inodes.get(ino)?;
+        let (kind, perm, size, nlink) = match &node.kind {
+            NodeKind::Dir { mode, .. } => (FileType::Directory, *mode, 0, 2),
+            NodeKind::File(f) => (FileType::RegularFile, f.mode, f.size, 1),
+            NodeKind::Symlink { target } => (FileType::Symlink, 0o777, target.len() as u64, 1),
+            NodeKind::Stats => (
+                FileType::RegularFile,
+                0o444,
+                self.stats_json().len() as u64,
+                1,
+            ),
+        };
+        Some(FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: self.time,
+            mtime: self.time,
+            ctime: self.time,
+            crtime: self.time,
+            kind,
+            perm: perm as u16,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: MAX_IO,
+            flags: 0,
+        })
+    }
+
+    fn stats_json(&self) -> Vec<u8> {
+        let cache = self.fetcher.cache();
+        let snapshot = self
+            .stats
+            .snapshot(&self.reference, cache.total(), cache.limit());
+        let mut v = serde_json::to_vec_pretty(&snapshot).unwrap_or_default();
+        v.push(b'\n');
+        v
+    }
+
+    /// Copies the pieces out of the cache. `Err(None)` means a chunk is not (or no longer) there.
+    fn assemble(&self, pieces: &[Piece]) -> Result<Vec<u8>, Option<CacheError>> {
+        let total: u64 = pieces.iter().map(|p| p.len).sum();
+        let mut buf = vec![0u8; total as usize];
+        let mut pos = 0usize;
+        for p in pieces {
+            let digest = &self.chunks[p.chunk as usize].digest;
+            let len = p.len as usize;
+            match self
+                .fetcher
+                .cache()
+                .read_at(digest, p.offset, &mut buf[pos..pos + len])
+            {
+                Ok(()) => {}
+                Err(CacheError::Missing(_)) => return Err(None),
+                Err(e) => return Err(Some(e)),
+            }
+            pos += len;
+        }
+        Ok(buf)
+    }
+
+    /// Fetches what is missing, then reads. Runs on the async runtime.
+    async fn read_async(self: Arc<Self>, pieces: Vec<Piece>) -> Result<Vec<u8>, Errno> {
+        // A chunk can be evicted between being fetched and being read when the cache is tiny
+        // compared with the readers' working set; try a few times before giving up.
+        for _ in 0..4 {
+            let fetches = pieces.iter().map(|p| {
+                let c = &self.chunks[p.chunk as usize];
+                self.fetcher.ensure(&c.digest, c.size)
+            });
+            for result in futures_util::future::join_all(fetches).await {
+                if let Err(e) = result {
+                    tracing::error!(error = %vial_client_chain(&e), reference = %self.reference, "read failed: chunk unavailable");
+                    return Err(errno::from_fetch(&e));
+                }
+            }
+            let me = Arc::clone(&self);
+            let p = pieces.clone();
+            match tokio::task::spawn_blocking(move || me.assemble(&p)).await {
+                Ok(Ok(buf)) => return Ok(buf),
+                Ok(Err(None)) => continue,
+                Ok(Err(Some(e))) => return Err(errno::from_cache(&e)),
+                Err(_) => return Err(Errno::EIO),
+            }
+        }
+        Err(Errno::EIO)
+    }
+
+    /// Starts fetching the chunks after a sequential reader's position. The window grows with the
+    /// sequential run (up to 64 MiB), so a random read of one tensor fetches little beyond it while
+    /// a model streaming its weights keeps many chunks in flight.
+    fn read_ahead(self: &Arc<Self>, ino: u64, file: &FileNode, offset: u64, end: u64) {
+        let (start, last) = {
+            let mut map = self.readahead.lock().unwrap_or_else(|p| p.into_inner());
+            let ra = map.entry(ino).or_default();
+            ra.run = if offset == ra.last_end && offset != 0 {
+                ra.run + (end - offset)
+            } else {
+                end - offset
+            };
+            ra.last_end = end;
+            if end >= file.size || ra.run < 2 * u64::from(MAX_IO) {
+                return;
+            }
+            let window = ra.run.min(READAHEAD_MAX);
+            let first = file.chunk_at(end);
+            let last = file.chunk_at((end + window).min(file.size) - 1);
+            let start = first.max(ra.mark);
+            if last < start {
+                return;
+            }
+            ra.mark = last + 1;
+            (start, last)
+        };
+        for i in start..=last {
+            let c = &self.chunks[file.chunks[i] as usize];
+            if self.fetcher.cache().contains_verified(&c.digest) {
+                continue;
+            }
+            let (me, digest, size) = (Arc::clone(self), c.digest.clone(), c.size);
+            self.runtime.spawn(async move {
+                if me.fetcher.ensure(&digest, size).await.is_ok() {
+                    me.stats.prefetched_chunks.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    }
+}
+
+fn vial_client_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+impl Filesystem for VialFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Large requests: the kernel's default of 128 KiB costs a round trip per 128 KiB.
+        let _ = config.set_max_readahead(MAX_IO);
+        let _ = config.set_max_write(MAX_IO);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::ENOENT);
+        };
+        match self
+            .shared
+            .inodes
+            .lookup(parent.0, name)
+            .and_then(|ino| self.shared.attr(ino))
+        {
+            Some(attr) => {
+                let ttl = if matches!(
+                    self.shared.inodes.get(attr.ino.0).map(|n| &n.kind),
+                    Some(NodeKind::Stats)
+                ) {
+                    Duration::ZERO
+                } else {
+                    TTL
+                };
+                reply.entry(&ttl, &attr, fuser::Generation(0))
+            }
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.shared.attr(ino.0) {
+            Some(attr) => {
+                let ttl = if matches!(
+                    self.shared.inodes.get(ino.0).map(|n| &n.kind),
+                    Some(NodeKind::Stats)
+                ) {
+                    Duration::ZERO
+                } else {
+                    TTL
+                };
+                reply.attr(&ttl, &attr)
+            }
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.shared.inodes.get(ino.0).map(|n| &n.kind) {
+            Some(NodeKind::Symlink { target }) => reply.data(target.as_bytes()),
+            Some(_) => reply.error(Errno::EINVAL),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        match self.shared.inodes.get(ino.0).map(|n| &n.kind) {
+            // Content is immutable: keep the kernel's page cache across opens.
+            Some(NodeKind::File(_)) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            // Statistics change: bypass the page cache.
+            Some(NodeKind::Stats) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            Some(NodeKind::Dir { .. }) => reply.error(Errno::EISDIR),
+            Some(NodeKind::Symlink { .. }) => reply.error(Errno::EINVAL),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let shared = &self.shared;
+        let file = match shared.inodes.get(ino.0).map(|n| &n.kind) {
+            Some(NodeKind::File(f)) => f,
+            Some(NodeKind::Stats) => {
+                let json = shared.stats_json();
+                let start = (offset as usize).min(json.len());
+                let end = (start + size as usize).min(json.len());
+                return reply.data(&json[start..end]);
+            }
+            Some(NodeKind::Dir { .. }) => return reply.error(Errno::EISDIR),
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let end = offset.saturating_add(u64::from(size)).min(file.size);
+        let pieces = file.pieces(offset, end);
+        shared
+            .stats
+            .bytes_read
+            .fetch_add(end.saturating_sub(offset), Ordering::Relaxed);
+        shared.read_ahead(ino.0, file, offset, end);
+        let cached = pieces.iter().all(|p| {
+            shared
+                .fetcher
+                .cache()
+                .contains_verified(&shared.chunks[p.chunk as usize].digest)
+        });
+        if cached {
+            match shared.assemble(&pieces) {
+                Ok(buf) => return reply.data(&buf),
+                Err(Some(e)) => return reply.error(errno::from_cache(&e)),
+                Err(None) => {} // Evicted meanwhile: fetch again below.
+            }
+        }
+        let shared = Arc::clone(shared);
+        shared.runtime.clone().spawn(async move {
+            match shared.read_async(pieces).await {
+                Ok(buf) => reply.data(&buf),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(NodeKind::Dir { children, .. }) = self.shared.inodes.get(ino.0).map(|n| &n.kind)
+        else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        let mut entries: Vec<(u64, FileType, &str)> = vec![
+            (ino.0, FileType::Directory, "."),
+            (ino.0, FileType::Directory, ".."),
+        ];
+        for (name, child) in children {
+            let kind = match self.shared.inodes.get(*child).map(|n| &n.kind) {
+                Some(NodeKind::Dir { .. }) => FileType::Directory,
+                Some(NodeKind::Symlink { .. }) => FileType::Symlink,
+                _ => FileType::RegularFile,
+            };
+            entries.push((*child, kind, name));
+        }
+        for (i, (child, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(child), (i + 1) as u64, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let blocks = self
+            .shared
+            .chunks
+            .iter()
+            .map(|c| c.size)
+            .sum::<u64>()
+            .div_ceil(512);
+        reply.statfs(
+            blocks,
+            0,
+            0,
+            self.shared.inodes.len() as u64,
+            0,
+            512,
+            255,
+            MAX_IO,
+        );
+    }
+
+    // Everything that would change the filesystem is refused: a version is immutable.
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

@@ -1,0 +1,164 @@
+//! Mounting a version: build the filesystem, mount it with FUSE, serve until unmounted or told to
+//! stop.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{Config, MountOption, SessionACL};
+use vial_client::volume::Version;
+use vial_client::Registry;
+use vial_core::RepoName;
+
+use crate::cache::ChunkCache;
+use crate::fetch::Fetcher;
+use crate::fs::{Shared, VialFs};
+use crate::inodes::Inodes;
+use crate::stats::Stats;
+
+/// What to fetch before it is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Only read-ahead behind sequential readers.
+    None,
+    /// Stream the whole volume into the cache in the background.
+    All,
+}
+
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    pub cache_dir: PathBuf,
+    pub cache_size: u64,
+    pub prefetch: Prefetch,
+    /// How long one chunk may take to arrive, retries included, before the read fails with EIO.
+    pub timeout: Duration,
+    /// Chunk downloads in flight at once.
+    pub parallel: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("cannot open the chunk cache")]
+    Cache(#[from] crate::cache::CacheError),
+    #[error("cannot mount at {}", .0.display())]
+    Fuse(PathBuf, #[source] std::io::Error),
+    #[error("mountpoint {} does not exist or is not a directory", .0.display())]
+    Mountpoint(PathBuf),
+}
+
+/// A mounted filesystem, served by FUSE threads until [`Mounted::wait`] returns.
+pub struct Mounted {
+    unmounter: fuser::SessionUnmounter,
+    done: std::sync::mpsc::Receiver<std::io::Result<()>>,
+    pub mountpoint: PathBuf,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted")
+            .field("mountpoint", &self.mountpoint)
+            .finish()
+    }
+}
+
+impl Mounted {
+    /// Unmounts (idempotent: an external `umount` may have happened already).
+    pub fn unmount(&mut self) {
+        if let Err(e) = self.unmounter.unmount() {
+            tracing::warn!(error = %e, mountpoint = %self.mountpoint.display(), "unmount failed");
+        }
+    }
+
+    /// Blocks until the filesystem is unmounted, by us or by someone else.
+    pub fn wait(&self) -> std::io::Result<()> {
+        self.done.recv().unwrap_or(Ok(()))
+    }
+
+    /// Whether the session has ended, without blocking.
+    pub fn try_wait(&self) -> Option<std::io::Result<()>> {
+        self.done.try_recv().ok()
+    }
+}
+
+/// Mounts `version` of `repo` at `mountpoint`. `source` is what `mount`/`findmnt` show, e.g.
+/// `vial:localhost:5000/weights/x@sha256:…`.
+pub fn mount(
+    runtime: &tokio::runtime::Handle,
+    registry: Registry,
+    repo: RepoName,
+    version: Version,
+    source: String,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> Result<Mounted, MountError> {
+    if !mountpoint.is_dir() {
+        return Err(MountError::Mountpoint(mountpoint.to_owned()));
+    }
+    let owner =
+        std::fs::metadata(mountpoint).map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?;
+    let stats = Arc::new(Stats::default());
+    let cache = Arc::new(ChunkCache::open(
+        &options.cache_dir,
+        options.cache_size,
+        Arc::clone(&stats),
+    )?);
+    let fetcher = Arc::new(Fetcher::new(
+        registry,
+        repo,
+        cache,
+        Arc::clone(&stats),
+        options.parallel,
+        options.timeout,
+    ));
+    let inodes = Inodes::build(&version.tree);
+    let shared = Arc::new(Shared {
+        inodes,
+        chunks: version.tree.chunks.clone(),
+        fetcher,
+        stats,
+        runtime: runtime.clone(),
+        reference: source.clone(),
+        uid: std::os::unix::fs::MetadataExt::uid(&owner),
+        gid: std::os::unix::fs::MetadataExt::gid(&owner),
+        time: SystemTime::now(),
+        readahead: Default::default(),
+    });
+    let config = {
+        let mut c = Config::default();
+        c.mount_options = vec![
+            MountOption::FSName(source),
+            MountOption::Subtype("vial".to_owned()),
+            MountOption::RO,
+            MountOption::NoDev,
+            MountOption::NoSuid,
+            MountOption::DefaultPermissions,
+            // If this process dies, fusermount3 unmounts for us: no stuck mountpoint.
+            MountOption::AutoUnmount,
+        ];
+        c.acl = SessionACL::All;
+        c.n_threads = Some(2);
+        c.clone_fd = true;
+        c
+    };
+    let fs = VialFs {
+        shared: Arc::clone(&shared),
+    };
+    let mut session = fuser::Session::new(fs, mountpoint, &config)
+        .map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?;
+    let unmounter = session.unmount_callable();
+    let (tx, done) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("vial-fuse".into())
+        .spawn(move || {
+            let _ = tx.send(session.run());
+        })
+        .map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?;
+    if options.prefetch == Prefetch::All {
+        runtime.spawn(crate::prefetch::prefetch_all(shared));
+    }
+    Ok(Mounted {
+        unmounter,
+        done,
+        mountpoint: mountpoint.to_owned(),
+    })
+}
