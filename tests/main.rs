@@ -13,6 +13,7 @@ mod bad_input;
 mod conformance;
 mod crash;
 mod docker_registry;
+mod mount;
 mod oras;
 mod serve;
 mod skopeo;

@@ -1,0 +1,467 @@
+//! Lazy mounts end to end: real FUSE, real registry, real faults.
+
+use std::io::Read;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::support::model::write_safetensors;
+use crate::support::oci::pseudo_random;
+use crate::support::proxy::{Fault, Proxy};
+use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
+use crate::support::{peer, Server};
+
+/// A mounted volume, unmounted (lazily, so a failed test never leaves a busy mount) when dropped.
+struct Mount {
+    path: PathBuf,
+    home: PathBuf,
+}
+
+impl Mount {
+    fn new(home: &Path, reference: &str, name: &str, extra: &[&str]) -> Mount {
+        let path = home.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        let mut args = vec!["mount", reference, path.to_str().unwrap(), "--cache-dir"];
+        let cache = home.join("node-cache");
+        args.push(cache.to_str().unwrap());
+        args.extend_from_slice(extra);
+        vial_ok(home, &args);
+        Mount {
+            path,
+            home: home.to_owned(),
+        }
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.path.join(".vial-stats")).unwrap()).unwrap()
+    }
+
+    fn is_mounted(&self) -> bool {
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(self.path.to_str().unwrap()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.is_mounted() {
+            let _ = vial(
+                &self.home,
+                &["umount", "--lazy", self.path.to_str().unwrap()],
+            );
+        }
+    }
+}
+
+fn fuse_available() -> bool {
+    peer("fusermount3").is_some() && Path::new("/dev/fuse").exists()
+}
+
+fn checkpoint(dir: &Path, shards: u64, seed: u64) {
+    std::fs::create_dir_all(dir.join("tokenizer")).unwrap();
+    for s in 0..shards {
+        let tensors: Vec<_> = (0..12u64)
+            .map(|t| {
+                (
+                    format!("layer.{t}.w"),
+                    800_000 + (t as usize * 90_000),
+                    seed + s * 100 + t,
+                )
+            })
+            .collect();
+        write_safetensors(&dir.join(format!("model-{s:05}.safetensors")), &tensors);
+    }
+    std::fs::write(dir.join("config.json"), br#"{"layers": 12}"#).unwrap();
+    std::fs::write(
+        dir.join("tokenizer/vocab.txt"),
+        pseudo_random(100_000, seed),
+    )
+    .unwrap();
+    std::fs::write(dir.join("empty"), b"").unwrap();
+    std::fs::write(dir.join("run.sh"), b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(dir.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("config.json", dir.join("config.link")).unwrap();
+}
+
+#[test]
+fn a_mounted_volume_reads_back_byte_for_byte_and_refuses_writes() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    checkpoint(&src, 2, 1);
+    let reference = format!("{}/weights/mounted", server.addr);
+    let pinned = push_json(home.path(), &src, &reference, &["--tag", "v1"])["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let started = Instant::now();
+    let m = Mount::new(home.path(), &format!("{reference}:v1"), "mnt", &[]);
+    eprintln!("mount ready in {:?}", started.elapsed());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    assert!(
+        mounts.contains(&format!("vial:{pinned} {}", m.path.display())),
+        "the source names the pinned digest: {mounts}"
+    );
+    assert_eq!(m.stats()["bytes_fetched"], 0, "metadata must need no chunk");
+
+    assert_same_tree(&src, &m.path);
+    for (what, result) in [
+        ("create", std::fs::write(m.path.join("new"), b"x").err()),
+        (
+            "truncate",
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(m.path.join("config.json"))
+                .err(),
+        ),
+        ("mkdir", std::fs::create_dir(m.path.join("d")).err()),
+        (
+            "remove",
+            std::fs::remove_file(m.path.join("config.json")).err(),
+        ),
+    ] {
+        let err = result.unwrap_or_else(|| panic!("{what} must fail on a read-only mount"));
+        assert_eq!(
+            err.raw_os_error(),
+            Some(30),
+            "{what}: expected EROFS, got {err}"
+        );
+    }
+    vial_ok(home.path(), &["umount", m.path.to_str().unwrap()]);
+    assert!(!m.is_mounted());
+}
+
+#[test]
+fn reading_one_tensor_fetches_only_its_chunks() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let shards = 4u64;
+    for s in 0..shards {
+        let tensors: Vec<_> = (0..10u64)
+            .map(|t| (format!("t{t}"), 3_000_000, s * 100 + t))
+            .collect();
+        write_safetensors(&src.join(format!("model-{s}.safetensors")), &tensors);
+    }
+    let total: u64 = (0..shards)
+        .map(|s| {
+            std::fs::metadata(src.join(format!("model-{s}.safetensors")))
+                .unwrap()
+                .len()
+        })
+        .sum();
+    let reference = format!("{}/weights/one-tensor", server.addr);
+    push_json(home.path(), &src, &reference, &["--tag", "v1"]);
+    let m = Mount::new(home.path(), &format!("{reference}:v1"), "mnt", &[]);
+
+    // Tensor t5 of the last shard: find it in the header, read it, compare.
+    let path = m.path.join(format!("model-{}.safetensors", shards - 1));
+    let mut f = std::fs::File::open(&path).unwrap();
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).unwrap();
+    let n = u64::from_le_bytes(len);
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).unwrap();
+    let header: serde_json::Value = serde_json::from_slice(&header).unwrap();
+    let (b, e) = (
+        header["t5"]["data_offsets"][0].as_u64().unwrap(),
+        header["t5"]["data_offsets"][1].as_u64().unwrap(),
+    );
+    let mut tensor = vec![0u8; (e - b) as usize];
+    f.read_exact_at(&mut tensor, 8 + n + b).unwrap();
+    assert_eq!(tensor, pseudo_random((e - b) as usize, 300 + 5));
+
+    let fetched = m.stats()["bytes_fetched"].as_u64().unwrap();
+    eprintln!(
+        "fetched {fetched} bytes for a {} byte tensor of a {total} byte volume",
+        e - b
+    );
+    assert!(fetched >= e - b);
+    assert!(
+        fetched <= (e - b) + 16 * 1024 * 1024 + n + 8,
+        "fetched {fetched} for a tensor of {}",
+        e - b
+    );
+    assert!(
+        fetched * 4 < total,
+        "a lazy read must not fetch most of the volume"
+    );
+}
+
+#[test]
+fn a_volume_three_times_the_cache_reads_fully_and_versions_share_the_cache() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..6u64 {
+        std::fs::write(
+            src.join(format!("part-{i}.bin")),
+            pseudo_random(32 << 20, 70 + i),
+        )
+        .unwrap();
+    }
+    let reference = format!("{}/weights/bigger-than-cache", server.addr);
+    push_json(home.path(), &src, &reference, &["--tag", "v1"]);
+    // v2 changes one file of six.
+    let src2 = home.path().join("src2");
+    std::fs::create_dir_all(&src2).unwrap();
+    for i in 0..6u64 {
+        std::os::unix::fs::symlink(src.join(format!("part-{i}.bin")), src2.join("tmp")).ok();
+        std::fs::remove_file(src2.join("tmp")).ok();
+        std::fs::copy(
+            src.join(format!("part-{i}.bin")),
+            src2.join(format!("part-{i}.bin")),
+        )
+        .unwrap();
+    }
+    std::fs::write(src2.join("part-5.bin"), pseudo_random(32 << 20, 999)).unwrap();
+    push_json(home.path(), &src2, &reference, &["--tag", "v2"]);
+
+    let v1 = Mount::new(
+        home.path(),
+        &format!("{reference}:v1"),
+        "v1",
+        &["--cache-size", "64MiB"],
+    );
+    let v2 = Mount::new(
+        home.path(),
+        &format!("{reference}:v2"),
+        "v2",
+        &["--cache-size", "64MiB"],
+    );
+    // 192 MiB through a 64 MiB cache: evictions happen and every byte is still right.
+    assert_same_tree(&src, &v1.path);
+    let s1 = v1.stats();
+    assert!(s1["evictions"].as_u64().unwrap() > 0, "{s1}");
+    assert!(s1["cache_bytes"].as_u64().unwrap() <= 64 << 20);
+
+    // The last chunks v1 read are still cached: v2 reads its unchanged part-4 without fetching.
+    let before = v2.stats()["bytes_fetched"].as_u64().unwrap();
+    let mut buf = Vec::new();
+    std::fs::File::open(v2.path.join("part-4.bin"))
+        .unwrap()
+        .read_to_end(&mut buf)
+        .unwrap();
+    assert_eq!(buf, std::fs::read(src.join("part-4.bin")).unwrap());
+    let after = v2.stats()["bytes_fetched"].as_u64().unwrap();
+    assert!(
+        after - before < 8 << 20,
+        "v2 fetched {} bytes of a file v1 had just cached",
+        after - before
+    );
+    assert_same_tree(&src2, &v2.path);
+}
+
+#[test]
+fn corrupt_chunks_are_eio_and_a_dead_registry_fails_reads_in_bounded_time() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let proxy = Proxy::start(&server.addr);
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.bin"), pseudo_random(3 << 20, 1)).unwrap();
+    std::fs::write(src.join("b.bin"), pseudo_random(3 << 20, 2)).unwrap();
+    std::fs::write(src.join("c.bin"), pseudo_random(3 << 20, 3)).unwrap();
+    push_json(
+        home.path(),
+        &src,
+        &format!("{}/weights/faults", server.addr),
+        &["--tag", "v1"],
+    );
+    let m = Mount::new(
+        home.path(),
+        &format!("{}/weights/faults:v1", proxy.addr),
+        "mnt",
+        &["--timeout", "5s"],
+    );
+
+    proxy.set(Fault::Corrupt);
+    let err = std::fs::read(m.path.join("a.bin")).expect_err("corrupt bytes must never be served");
+    assert_eq!(err.raw_os_error(), Some(5), "expected EIO, got {err}");
+
+    // Transient 503s are retried and the read succeeds.
+    proxy.set(Fault::Unavailable(2));
+    assert_eq!(
+        std::fs::read(m.path.join("a.bin")).unwrap(),
+        std::fs::read(src.join("a.bin")).unwrap()
+    );
+
+    // A stalled registry is timed out.
+    proxy.set(Fault::Stall);
+    let started = Instant::now();
+    let err = std::fs::read(m.path.join("b.bin")).expect_err("a stalled fetch must fail");
+    assert_eq!(err.raw_os_error(), Some(5));
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the read hung for {:?}",
+        started.elapsed()
+    );
+
+    // The registry gone: EIO, not a hang.
+    proxy.set(Fault::None);
+    drop(server);
+    let started = Instant::now();
+    let err =
+        std::fs::read(m.path.join("c.bin")).expect_err("reads must fail with the registry gone");
+    assert_eq!(err.raw_os_error(), Some(5));
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // What was cached is still served.
+    assert_eq!(
+        std::fs::read(m.path.join("a.bin")).unwrap(),
+        std::fs::read(src.join("a.bin")).unwrap()
+    );
+    assert!(m.stats()["fetch_errors"].as_u64().unwrap() >= 2);
+}
+
+#[test]
+fn concurrent_readers_get_the_same_bytes_and_each_chunk_is_fetched_once() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("shared.bin"), pseudo_random(40 << 20, 5)).unwrap();
+    let report = push_json(
+        home.path(),
+        &src,
+        &format!("{}/weights/concurrent", server.addr),
+        &["--tag", "v1"],
+    );
+    let m = Mount::new(
+        home.path(),
+        &format!("{}/weights/concurrent:v1", server.addr),
+        "mnt",
+        &[],
+    );
+    let expected = std::fs::read(src.join("shared.bin")).unwrap();
+    let readers: Vec<_> = (0..6)
+        .map(|i| {
+            let path = m.path.join("shared.bin");
+            std::thread::spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                let mut out = vec![0u8; 40 << 20];
+                // Each reader walks the file in a different order of 1 MiB blocks (a stride coprime
+                // with 40 visits every block once).
+                let stride = [1, 3, 7, 9, 11, 13][i];
+                let blocks: Vec<usize> = (0..40).map(|b| (b * stride) % 40).collect();
+                for b in blocks {
+                    f.read_exact_at(&mut out[b << 20..(b + 1) << 20], (b as u64) << 20)
+                        .unwrap();
+                }
+                out
+            })
+        })
+        .collect();
+    for r in readers {
+        assert!(r.join().unwrap() == expected);
+    }
+    let s = m.stats();
+    assert_eq!(
+        s["chunks_fetched"], report["chunks"],
+        "each chunk is fetched exactly once: {s}"
+    );
+}
+
+#[test]
+fn umount_with_open_files_and_a_killed_mount_process() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("w.bin"), pseudo_random(5 << 20, 8)).unwrap();
+    push_json(
+        home.path(),
+        &src,
+        &format!("{}/weights/lifecycle", server.addr),
+        &["--tag", "v1"],
+    );
+    let reference = format!("{}/weights/lifecycle:v1", server.addr);
+
+    // Busy: a plain umount refuses and says why; a lazy one detaches and open files keep working.
+    let m = Mount::new(home.path(), &reference, "mnt", &[]);
+    let open = std::fs::File::open(m.path.join("w.bin")).unwrap();
+    let busy = vial(home.path(), &["umount", m.path.to_str().unwrap()]);
+    assert!(!busy.status.success());
+    assert!(
+        String::from_utf8_lossy(&busy.stderr).contains("busy"),
+        "{}",
+        String::from_utf8_lossy(&busy.stderr)
+    );
+    vial_ok(home.path(), &["umount", "--lazy", m.path.to_str().unwrap()]);
+    assert!(!m.is_mounted());
+    let mut buf = vec![0u8; 5 << 20];
+    open.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, std::fs::read(src.join("w.bin")).unwrap());
+    drop(open);
+
+    // Killing the mount process unmounts (auto-unmount): no "transport endpoint is not connected".
+    let m = Mount::new(home.path(), &reference, "mnt2", &[]);
+    let pid = find_mount_pid(&m.path).expect("the mount process");
+    crate::support::signal(pid, "KILL");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while m.is_mounted() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !m.is_mounted(),
+        "the mountpoint was left mounted after the mount process died"
+    );
+    assert!(
+        std::fs::read_dir(&m.path).is_ok(),
+        "the mountpoint must be usable again"
+    );
+
+    // A remount after the crash serves from the surviving cache without fetching.
+    let m = Mount::new(home.path(), &reference, "mnt3", &[]);
+    assert_eq!(
+        std::fs::read(m.path.join("w.bin")).unwrap(),
+        std::fs::read(src.join("w.bin")).unwrap()
+    );
+    assert_eq!(
+        m.stats()["bytes_fetched"],
+        0,
+        "the node cache survives the mount process"
+    );
+}
+
+fn find_mount_pid(mountpoint: &Path) -> Option<u32> {
+    let needle = mountpoint.to_str()?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "--foreground") && args.iter().any(|a| a == needle) {
+            return Some(pid);
+        }
+    }
+    None
+}
