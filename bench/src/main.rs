@@ -1,10 +1,15 @@
 //! `vial-bench`: benchmarks `vial serve` side by side with CNCF Distribution (docker-registry),
-//! with nginx as the ceiling for large downloads. See bench/README.md.
+//! with nginx as the ceiling for large downloads (`registry`), and `vial push` side by side with
+//! the ORAS Python SDK and skopeo on model checkpoints (`push`). See bench/README.md.
 #![allow(clippy::print_stdout)]
 
 mod blobs;
+mod ceiling;
+mod checkpoint;
 mod data;
 mod manifests;
+mod push;
+mod pushers;
 mod report;
 mod rss;
 mod run;
@@ -26,6 +31,8 @@ struct Cli {
 enum Command {
     /// Blob push/pull throughput, manifest latency and memory: vial vs docker-registry (and nginx).
     Registry(RegistryArgs),
+    /// Checkpoint push: vial vs the ORAS Python SDK vs skopeo, first push and three re-pushes.
+    Push(push::PushArgs),
 }
 
 #[derive(Debug, Args)]
@@ -119,12 +126,17 @@ impl Plan {
 
 fn main() -> Result<()> {
     let Cli { command } = Cli::parse();
-    let Command::Registry(args) = command;
     let runtime = tokio::runtime::Runtime::new().context("could not start the async runtime")?;
     runtime.block_on(async {
+        let work = async {
+            match command {
+                Command::Registry(args) => run::registry(args).await,
+                Command::Push(args) => push::push(args).await,
+            }
+        };
         tokio::select! {
-            result = run::registry(args) => result,
-            // Dropping `registry` on Ctrl-C kills the servers and removes the work directory.
+            result = work => result,
+            // Dropping the run on Ctrl-C kills the servers and clients and removes the work directory.
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         }
     })

@@ -101,15 +101,15 @@ pub fn median(runs: &[f64]) -> Option<f64> {
     v.get(v.len() / 2).copied()
 }
 
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     Some(a? / b?).filter(|r| r.is_finite())
 }
 
-fn num(v: Option<f64>, decimals: usize) -> String {
+pub fn num(v: Option<f64>, decimals: usize) -> String {
     v.map_or_else(|| "n/a".into(), |x| format!("{x:.decimals$}"))
 }
 
-fn times(v: Option<f64>) -> String {
+pub fn times(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".into(), |x| format!("{x:.2}x"))
 }
 
@@ -117,7 +117,7 @@ fn mib(kib: Option<u64>) -> Option<f64> {
     kib.map(|k| k as f64 * 1024.0 / MIB)
 }
 
-fn table(title: &str, header: &[&str], rows: &[Vec<String>]) {
+pub fn table(title: &str, header: &[&str], rows: &[Vec<String>]) {
     println!("\n== {title}");
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
@@ -346,9 +346,14 @@ pub fn evaluate(r: &mut Results, large: &str) {
 }
 
 pub fn print_goals(r: &Results) {
+    print_goal_list(&r.goals, &r.notes);
+}
+
+/// Prints PASS, MISS or n/a for each goal, then the notes.
+pub fn print_goal_list(goals: &[Goal], notes: &[String]) {
     println!("\n== goals (a report, not a test)");
-    let width = r.goals.iter().map(|g| g.goal.len()).max().unwrap_or(0);
-    for g in &r.goals {
+    let width = goals.iter().map(|g| g.goal.len()).max().unwrap_or(0);
+    for g in goals {
         let mark = match g.pass {
             Some(true) => "PASS",
             Some(false) => "MISS",
@@ -356,7 +361,7 @@ pub fn print_goals(r: &Results) {
         };
         println!("  {mark}  {:<width$}  {}", g.goal, g.detail);
     }
-    for note in &r.notes {
+    for note in notes {
         println!("  note: {note}");
     }
 }

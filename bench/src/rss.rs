@@ -27,9 +27,13 @@ pub struct RssPush {
     pub elapsed_s: f64,
 }
 
-/// Samples VmRSS of `pid` every 100 ms on its own thread (so a busy async runtime cannot delay it)
+/// Samples VmRSS of `pid` every `every` on its own thread (so a busy async runtime cannot delay it)
 /// until `stop` is set; returns (max KiB, sample count).
-fn sampler(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, usize)> {
+pub fn sampler(
+    pid: u32,
+    stop: Arc<AtomicBool>,
+    every: Duration,
+) -> std::thread::JoinHandle<(u64, usize)> {
     std::thread::spawn(move || {
         let (mut max, mut samples) = (0, 0);
         loop {
@@ -40,7 +44,7 @@ fn sampler(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, usi
             if stop.load(Ordering::Relaxed) {
                 return (max, samples);
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(every);
         }
     })
 }
@@ -64,7 +68,7 @@ pub async fn run(
         ));
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let sampling = sampler(pid, Arc::clone(&stop));
+    let sampling = sampler(pid, Arc::clone(&stop), Duration::from_millis(100));
     let started = Instant::now();
     let mut tasks = JoinSet::new();
     for (client, digest, body) in jobs {

@@ -27,11 +27,11 @@ fn slot<T>(pair: &mut Pair<T>, side: usize) -> &mut Option<T> {
 }
 
 /// Flushes dirty pages so one server's writes are not paid for during the next one's timing.
-fn sync_disk() {
+pub fn sync_disk() {
     let _ = std::process::Command::new("sync").status();
 }
 
-fn machine() -> report::Machine {
+pub fn machine() -> report::Machine {
     let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpu
         .lines()

@@ -88,7 +88,7 @@ impl Drop for Server {
     }
 }
 
-fn log_tail(path: &Path) -> String {
+pub fn log_tail(path: &Path) -> String {
     let Ok(mut f) = File::open(path) else {
         return String::new();
     };
