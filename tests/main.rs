@@ -9,6 +9,7 @@
 
 mod support;
 
+mod backends;
 mod bad_input;
 mod conformance;
 mod crash;

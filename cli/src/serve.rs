@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use vial_registry::config::DEFAULT_MAX_MANIFEST_SIZE;
-use vial_registry::Config;
+use vial_registry::{BlobBackend, Config, MetadataBackend};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial"
+    after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial\n  vial serve --metadata-url postgres://vial:PASSWORD@db/vial --blob-url file:///srv/blobs"
 )]
 pub struct ServeArgs {
     /// Address to listen on. Use port 0 to pick a free port (the chosen address is printed).
@@ -20,6 +20,14 @@ pub struct ServeArgs {
     /// Directory for the embedded metadata database and blob files.
     #[arg(long, env = "VIAL_DATA", default_value = "./vial-data")]
     data: PathBuf,
+
+    /// Metadata store: sqlite://PATH (default: DATA/metadata.db) or postgres://USER:PASSWORD@HOST/DB.
+    #[arg(long, env = "VIAL_METADATA_URL", hide_env_values = true)]
+    metadata_url: Option<String>,
+
+    /// Blob store: file://PATH (default: the --data directory).
+    #[arg(long, env = "VIAL_BLOB_URL")]
+    blob_url: Option<String>,
 
     /// Largest manifest accepted, in bytes.
     #[arg(long, env = "VIAL_MAX_MANIFEST_SIZE", default_value_t = DEFAULT_MAX_MANIFEST_SIZE)]
@@ -44,7 +52,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         let mut config = Config::embedded(&args.data);
         config.max_manifest_size = args.max_manifest_size;
-        tracing::info!(data = %args.data.display(), "using embedded storage (SQLite + filesystem)");
+        if let Some(url) = &args.metadata_url {
+            config.metadata = MetadataBackend::from_url(url)?;
+        }
+        if let Some(url) = &args.blob_url {
+            config.blobs = BlobBackend::from_url(url)?;
+        }
+        tracing::info!(metadata = ?config.metadata, blobs = ?config.blobs, "opening storage");
         vial_registry::serve(config, listener, shutdown_signal())
             .await
             .context("registry failed")

@@ -23,7 +23,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 pub use config::{BlobBackend, Config, MetadataBackend};
-use storage::{BlobStore, FsBlobStore, MetadataStore, SqliteMetadataStore, StorageError};
+use storage::{BlobStore, FsBlobStore, MetadataStore, SqlMetadataStore, StorageError};
 
 /// Shared state of every request handler.
 #[derive(Debug)]
@@ -46,8 +46,9 @@ pub async fn open_storage(
                     .await
                     .map_err(|e| StorageError::io(dir, e))?;
             }
-            Arc::new(SqliteMetadataStore::open(path).await?)
+            Arc::new(SqlMetadataStore::open_sqlite(path).await?)
         }
+        MetadataBackend::Postgres { url } => Arc::new(SqlMetadataStore::open_postgres(url).await?),
     };
     let blobs: Arc<dyn BlobStore> = match &config.blobs {
         BlobBackend::Filesystem { root } => Arc::new(FsBlobStore::open(root).await?),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 pub mod model;
 pub mod oci;
+pub mod postgres;
 pub mod proxy;
 pub mod vial;
 

@@ -16,8 +16,9 @@ use vial_core::{Algorithm, Digest, DigestHasher};
 use crate::metrics::Metrics;
 use crate::storage::ByteStream;
 
-/// Body frames queued for the hashing thread of one upload.
-const HASH_QUEUE: usize = 64;
+/// Body frames queued for the hashing thread of one upload: small, so that many concurrent uploads
+/// stay within a few MiB each.
+const HASH_QUEUE: usize = 8;
 
 #[derive(Debug)]
 pub struct HashState {

@@ -8,7 +8,7 @@
 mod blob;
 mod fs;
 mod metadata;
-mod sqlite;
+mod sql;
 
 pub use blob::{BlobStore, ByteRange, ByteStream};
 pub use fs::FsBlobStore;
@@ -16,7 +16,7 @@ pub use metadata::{
     CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, TagPrecondition,
     UploadSession, VersionRow,
 };
-pub use sqlite::SqliteMetadataStore;
+pub use sql::{Dialect, SqlMetadataStore};
 
 /// A failure of a storage backend. These are internal: they are logged in full and reach clients
 /// only as a generic 5xx.

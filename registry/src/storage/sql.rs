@@ -1,17 +1,18 @@
-//! The embedded metadata store: SQLite through sqlx, in WAL mode with full fsync.
+//! The SQL metadata store, for SQLite (the embedded default) and PostgreSQL (production), through
+//! sqlx's `Any` driver so both run the same queries.
 //!
-//! All writes go through a pool of one connection, so write transactions queue in the process instead
-//! of failing with SQLITE_BUSY; reads use their own pool and see the last committed state.
+//! Queries use `$N` placeholders, which both drivers accept, and only SQL both dialects share; the
+//! one aggregate that differs goes through [`Dialect`]. Every use case is one transaction. SQLite
+//! writes go through a pool of one connection, so write transactions queue in the process instead
+//! of failing with SQLITE_BUSY; PostgreSQL serialises conflicting writes itself, and the statements
+//! that must not race (tag moves) are single conditional statements.
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{Any, AnyPool, Row, Transaction};
 use vial_core::manifest::Descriptor;
 use vial_core::{Digest, RepoName, Tag, Target};
 
@@ -21,66 +22,142 @@ use super::metadata::{
 };
 use super::{now_millis, StorageError};
 
-/// The schema, in order. A database records which of these it has applied.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
+/// The schema, in order, per dialect. A database records which of these it has applied.
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
     1,
     "registry",
     include_str!("../../../migrations/sqlite/0001_registry.sql"),
 )];
+const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "registry",
+    include_str!("../../../migrations/postgres/0001_registry.sql"),
+)];
 
-#[derive(Debug, Clone)]
-pub struct SqliteMetadataStore {
-    reader: SqlitePool,
-    writer: SqlitePool,
+/// An arbitrary constant: the advisory lock that serialises migrations of replicas starting at once.
+const MIGRATION_LOCK: i64 = 0x7669_616c_6d69_6772;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
 }
 
-impl SqliteMetadataStore {
-    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
-    pub async fn open(path: &Path) -> Result<Self, StorageError> {
-        let options = SqliteConnectOptions::from_str("sqlite://")?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(30));
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.clone())
-            .await?;
-        migrate(&writer).await?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options.read_only(true))
-            .await?;
-        Ok(SqliteMetadataStore { reader, writer })
+impl Dialect {
+    fn string_agg(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "group_concat(t.name, ' ')",
+            Dialect::Postgres => "string_agg(t.name, ' ')",
+        }
     }
 }
 
-async fn migrate(pool: &SqlitePool) -> Result<(), StorageError> {
+#[derive(Debug, Clone)]
+pub struct SqlMetadataStore {
+    reader: AnyPool,
+    writer: AnyPool,
+    dialect: Dialect,
+}
+
+impl SqlMetadataStore {
+    /// Opens (creating if needed) the SQLite database at `path` and brings its schema up to date.
+    pub async fn open_sqlite(path: &Path) -> Result<Self, StorageError> {
+        sqlx::any::install_default_drivers();
+        let path = path.to_str().ok_or_else(|| {
+            StorageError::Corrupt(format!("database path {} is not UTF-8", path.display()))
+        })?;
+        let url = |mode: &str| format!("sqlite://{path}?mode={mode}");
+        let writer = AnyPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url("rwc"))
+            .await?;
+        migrate(&writer, Dialect::Sqlite).await?;
+        let reader = AnyPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url("ro"))
+            .await?;
+        Ok(SqlMetadataStore {
+            reader,
+            writer,
+            dialect: Dialect::Sqlite,
+        })
+    }
+
+    /// Connects to PostgreSQL and brings the schema up to date; replicas starting at once take turns.
+    pub async fn open_postgres(url: &str) -> Result<Self, StorageError> {
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new()
+            .max_connections(32)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await?;
+        migrate(&pool, Dialect::Postgres).await?;
+        Ok(SqlMetadataStore {
+            reader: pool.clone(),
+            writer: pool,
+            dialect: Dialect::Postgres,
+        })
+    }
+}
+
+async fn migrate(pool: &AnyPool, dialect: Dialect) -> Result<(), StorageError> {
+    let mut conn = pool.acquire().await?;
+    if dialect == Dialect::Postgres {
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *conn)
+            .await?;
+    }
+    if dialect == Dialect::Sqlite {
+        // WAL lets readers work while a write commits; the setting is stored in the database file.
+        // sqlx's SQLite defaults already give full fsync, foreign keys and a busy timeout.
+        sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&mut *conn)
+            .await?;
+    }
+    let result = apply_migrations(&mut conn, dialect).await;
+    if dialect == Dialect::Postgres {
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *conn)
+            .await?;
+    }
+    result
+}
+
+async fn apply_migrations(
+    conn: &mut sqlx::AnyConnection,
+    dialect: Dialect,
+) -> Result<(), StorageError> {
+    let migrations = match dialect {
+        Dialect::Sqlite => SQLITE_MIGRATIONS,
+        Dialect::Postgres => POSTGRES_MIGRATIONS,
+    };
     sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS vial_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS vial_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
     )
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
-    for (version, name, sql) in MIGRATIONS {
-        let mut tx = pool.begin().await?;
+    for (version, name, sql) in migrations {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let applied: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM vial_migrations WHERE version = ?")
+            sqlx::query_scalar("SELECT version FROM vial_migrations WHERE version = $1")
                 .bind(version)
                 .fetch_optional(&mut *tx)
                 .await?;
         if applied.is_none() {
             tracing::info!(version, name, "applying metadata migration");
             sqlx::raw_sql(sql).execute(&mut *tx).await?;
-            sqlx::query("INSERT INTO vial_migrations (version, name, applied_at) VALUES (?, ?, ?)")
-                .bind(version)
-                .bind(name)
-                .bind(now_millis())
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO vial_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+            )
+            .bind(version)
+            .bind(*name)
+            .bind(now_millis())
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
     }
@@ -88,24 +165,24 @@ async fn migrate(pool: &SqlitePool) -> Result<(), StorageError> {
 }
 
 async fn repo_id_for_write(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut Transaction<'_, Any>,
     repo: &RepoName,
 ) -> Result<i64, sqlx::Error> {
     sqlx::query(
-        "INSERT INTO repositories (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+        "INSERT INTO repositories (name, created_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
     )
     .bind(repo.as_str())
     .bind(now_millis())
     .execute(&mut **tx)
     .await?;
-    sqlx::query_scalar("SELECT id FROM repositories WHERE name = ?")
+    sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
         .bind(repo.as_str())
         .fetch_one(&mut **tx)
         .await
 }
 
-async fn repo_id(pool: &SqlitePool, repo: &RepoName) -> Result<Option<i64>, sqlx::Error> {
-    sqlx::query_scalar("SELECT id FROM repositories WHERE name = ?")
+async fn repo_id(pool: &AnyPool, repo: &RepoName) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
         .bind(repo.as_str())
         .fetch_optional(pool)
         .await
@@ -115,7 +192,7 @@ fn parse_digest(s: &str) -> Result<Digest, StorageError> {
     Digest::parse(s).map_err(|e| StorageError::Corrupt(format!("stored digest {s:?}: {e}")))
 }
 
-fn upload_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<UploadSession, StorageError> {
+fn upload_from_row(row: &AnyRow) -> Result<UploadSession, StorageError> {
     let repo: String = row.try_get("repository")?;
     Ok(UploadSession {
         id: row.try_get("id")?,
@@ -127,7 +204,7 @@ fn upload_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<UploadSession, Stora
 }
 
 #[async_trait]
-impl MetadataStore for SqliteMetadataStore {
+impl MetadataStore for SqlMetadataStore {
     async fn blob_in_repo(
         &self,
         repo: &RepoName,
@@ -137,7 +214,7 @@ impl MetadataStore for SqliteMetadataStore {
             "SELECT b.size FROM repository_blobs rb
                JOIN repositories r ON r.id = rb.repository_id
                JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = ? AND rb.digest = ?",
+              WHERE r.name = $1 AND rb.digest = $2",
         )
         .bind(repo.as_str())
         .bind(digest.as_str())
@@ -155,13 +232,13 @@ impl MetadataStore for SqliteMetadataStore {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
-        sqlx::query("INSERT INTO blobs (digest, size, created_at) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING")
+        sqlx::query("INSERT INTO blobs (digest, size, created_at) VALUES ($1, $2, $3) ON CONFLICT (digest) DO NOTHING")
             .bind(digest.as_str())
             .bind(size as i64)
             .bind(now)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING")
+        sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
             .bind(repo_id)
             .bind(digest.as_str())
             .bind(now)
@@ -182,7 +259,7 @@ impl MetadataStore for SqliteMetadataStore {
             "SELECT b.size FROM repository_blobs rb
                JOIN repositories r ON r.id = rb.repository_id
                JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = ? AND rb.digest = ?",
+              WHERE r.name = $1 AND rb.digest = $2",
         )
         .bind(from.as_str())
         .bind(digest.as_str())
@@ -192,7 +269,7 @@ impl MetadataStore for SqliteMetadataStore {
             return Ok(None);
         };
         let repo_id = repo_id_for_write(&mut tx, to).await?;
-        sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING")
+        sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
             .bind(repo_id)
             .bind(digest.as_str())
             .bind(now_millis())
@@ -205,7 +282,7 @@ impl MetadataStore for SqliteMetadataStore {
     async fn unlink_blob(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError> {
         let done = sqlx::query(
             "DELETE FROM repository_blobs
-              WHERE repository_id = (SELECT id FROM repositories WHERE name = ?) AND digest = ?",
+              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND digest = $2",
         )
         .bind(repo.as_str())
         .bind(digest.as_str())
@@ -216,7 +293,7 @@ impl MetadataStore for SqliteMetadataStore {
 
     async fn create_upload(&self, session: &UploadSession) -> Result<(), StorageError> {
         sqlx::query(
-            "INSERT INTO uploads (id, repository, created_at, updated_at) VALUES (?, ?, ?, ?)",
+            "INSERT INTO uploads (id, repository, created_at, updated_at) VALUES ($1, $2, $3, $4)",
         )
         .bind(&session.id)
         .bind(session.repository.as_str())
@@ -232,7 +309,7 @@ impl MetadataStore for SqliteMetadataStore {
         repo: &RepoName,
         id: &str,
     ) -> Result<Option<UploadSession>, StorageError> {
-        let row = sqlx::query("SELECT * FROM uploads WHERE id = ? AND repository = ?")
+        let row = sqlx::query("SELECT * FROM uploads WHERE id = $1 AND repository = $2")
             .bind(id)
             .bind(repo.as_str())
             .fetch_optional(&self.reader)
@@ -241,7 +318,7 @@ impl MetadataStore for SqliteMetadataStore {
     }
 
     async fn touch_upload(&self, id: &str) -> Result<(), StorageError> {
-        sqlx::query("UPDATE uploads SET updated_at = ? WHERE id = ?")
+        sqlx::query("UPDATE uploads SET updated_at = $1 WHERE id = $2")
             .bind(now_millis())
             .bind(id)
             .execute(&self.writer)
@@ -250,7 +327,7 @@ impl MetadataStore for SqliteMetadataStore {
     }
 
     async fn delete_upload(&self, id: &str) -> Result<(), StorageError> {
-        sqlx::query("DELETE FROM uploads WHERE id = ?")
+        sqlx::query("DELETE FROM uploads WHERE id = $1")
             .bind(id)
             .execute(&self.writer)
             .await?;
@@ -263,9 +340,9 @@ impl MetadataStore for SqliteMetadataStore {
         limit: u32,
     ) -> Result<Vec<UploadSession>, StorageError> {
         let rows =
-            sqlx::query("SELECT * FROM uploads WHERE updated_at < ? ORDER BY updated_at LIMIT ?")
+            sqlx::query("SELECT * FROM uploads WHERE updated_at < $1 ORDER BY updated_at LIMIT $2")
                 .bind(before_millis)
-                .bind(limit)
+                .bind(i64::from(limit))
                 .fetch_all(&self.reader)
                 .await?;
         rows.iter().map(upload_from_row).collect()
@@ -289,34 +366,10 @@ impl MetadataStore for SqliteMetadataStore {
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
 
-        if *precondition != TagPrecondition::None {
-            for tag in tags {
-                let current: Option<String> = sqlx::query_scalar(
-                    "SELECT manifest_digest FROM tags WHERE repository_id = ? AND name = ?",
-                )
-                .bind(repo_id)
-                .bind(tag.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-                let ok = match precondition {
-                    TagPrecondition::None => true,
-                    TagPrecondition::Absent => current.is_none(),
-                    TagPrecondition::At(d) => current.as_deref() == Some(d.as_str()),
-                };
-                if !ok {
-                    return Err(CommitManifestError::TagMoved {
-                        tag: tag.to_string(),
-                        current: current.as_deref().map(parse_digest).transpose()?,
-                        expected: precondition.clone(),
-                    });
-                }
-            }
-        }
-
         let mut missing_blobs = Vec::new();
         for digest in dedup(&manifest.blobs) {
-            let found: Option<i64> = sqlx::query_scalar(
-                "SELECT 1 FROM repository_blobs WHERE repository_id = ? AND digest = ?",
+            let found: Option<String> = sqlx::query_scalar(
+                "SELECT digest FROM repository_blobs WHERE repository_id = $1 AND digest = $2",
             )
             .bind(repo_id)
             .bind(digest.as_str())
@@ -331,8 +384,8 @@ impl MetadataStore for SqliteMetadataStore {
         }
         let mut missing_manifests = Vec::new();
         for digest in dedup(&manifest.children) {
-            let found: Option<i64> = sqlx::query_scalar(
-                "SELECT 1 FROM manifests WHERE repository_id = ? AND digest = ?",
+            let found: Option<String> = sqlx::query_scalar(
+                "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2",
             )
             .bind(repo_id)
             .bind(digest.as_str())
@@ -352,7 +405,7 @@ impl MetadataStore for SqliteMetadataStore {
             .map(|a| serde_json::to_string(a).unwrap_or_default());
         let inserted = sqlx::query(
             "INSERT INTO manifests (repository_id, digest, media_type, artifact_type, subject, annotations, size, content, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
         )
         .bind(repo_id)
         .bind(manifest.digest.as_str())
@@ -373,7 +426,7 @@ impl MetadataStore for SqliteMetadataStore {
             for (target, is_manifest) in targets {
                 sqlx::query(
                     "INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
-                     VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                 )
                 .bind(repo_id)
                 .bind(manifest.digest.as_str())
@@ -384,16 +437,58 @@ impl MetadataStore for SqliteMetadataStore {
             }
         }
         for tag in tags {
-            sqlx::query(
-                "INSERT INTO tags (repository_id, name, manifest_digest, updated_at) VALUES (?, ?, ?, ?)
-                 ON CONFLICT (repository_id, name) DO UPDATE SET manifest_digest = excluded.manifest_digest, updated_at = excluded.updated_at",
-            )
-            .bind(repo_id)
-            .bind(tag.as_str())
-            .bind(manifest.digest.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+            // Each move is one conditional statement, so concurrent moves on any number of
+            // replicas cannot both pass the same precondition.
+            let moved = match precondition {
+                TagPrecondition::None => sqlx::query(
+                    "INSERT INTO tags (repository_id, name, manifest_digest, updated_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (repository_id, name) DO UPDATE SET manifest_digest = excluded.manifest_digest, updated_at = excluded.updated_at",
+                )
+                .bind(repo_id)
+                .bind(tag.as_str())
+                .bind(manifest.digest.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+                TagPrecondition::Absent => sqlx::query(
+                    "INSERT INTO tags (repository_id, name, manifest_digest, updated_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (repository_id, name) DO NOTHING",
+                )
+                .bind(repo_id)
+                .bind(tag.as_str())
+                .bind(manifest.digest.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+                TagPrecondition::At(expected) => sqlx::query(
+                    "UPDATE tags SET manifest_digest = $1, updated_at = $2
+                      WHERE repository_id = $3 AND name = $4 AND manifest_digest = $5",
+                )
+                .bind(manifest.digest.as_str())
+                .bind(now)
+                .bind(repo_id)
+                .bind(tag.as_str())
+                .bind(expected.as_str())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+            };
+            if moved == 0 {
+                let current: Option<String> = sqlx::query_scalar(
+                    "SELECT manifest_digest FROM tags WHERE repository_id = $1 AND name = $2",
+                )
+                .bind(repo_id)
+                .bind(tag.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                return Err(CommitManifestError::TagMoved {
+                    tag: tag.to_string(),
+                    current: current.as_deref().map(parse_digest).transpose()?,
+                    expected: precondition.clone(),
+                });
+            }
         }
         tx.commit().await?;
         Ok(())
@@ -409,7 +504,7 @@ impl MetadataStore for SqliteMetadataStore {
                 sqlx::query(
                     "SELECT m.digest, m.media_type, m.content FROM manifests m
                        JOIN repositories r ON r.id = m.repository_id
-                      WHERE r.name = ? AND m.digest = ?",
+                      WHERE r.name = $1 AND m.digest = $2",
                 )
                 .bind(repo.as_str())
                 .bind(d.as_str())
@@ -421,7 +516,7 @@ impl MetadataStore for SqliteMetadataStore {
                     "SELECT m.digest, m.media_type, m.content FROM tags t
                        JOIN repositories r ON r.id = t.repository_id
                        JOIN manifests m ON m.repository_id = t.repository_id AND m.digest = t.manifest_digest
-                      WHERE r.name = ? AND t.name = ?",
+                      WHERE r.name = $1 AND t.name = $2",
                 )
                 .bind(repo.as_str())
                 .bind(t.as_str())
@@ -446,7 +541,7 @@ impl MetadataStore for SqliteMetadataStore {
         // Tags and reference rows go with it through ON DELETE CASCADE.
         let done = sqlx::query(
             "DELETE FROM manifests
-              WHERE repository_id = (SELECT id FROM repositories WHERE name = ?) AND digest = ?",
+              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND digest = $2",
         )
         .bind(repo.as_str())
         .bind(digest.as_str())
@@ -458,7 +553,7 @@ impl MetadataStore for SqliteMetadataStore {
     async fn delete_tag(&self, repo: &RepoName, tag: &Tag) -> Result<bool, StorageError> {
         let done = sqlx::query(
             "DELETE FROM tags
-              WHERE repository_id = (SELECT id FROM repositories WHERE name = ?) AND name = ?",
+              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND name = $2",
         )
         .bind(repo.as_str())
         .bind(tag.as_str())
@@ -477,7 +572,7 @@ impl MetadataStore for SqliteMetadataStore {
             return Ok(None);
         };
         let mut items: Vec<String> = sqlx::query_scalar(
-            "SELECT name FROM tags WHERE repository_id = ? AND name > ? ORDER BY name LIMIT ?",
+            "SELECT name FROM tags WHERE repository_id = $1 AND name > $2 ORDER BY name LIMIT $3",
         )
         .bind(repo_id)
         .bind(last.unwrap_or(""))
@@ -495,7 +590,7 @@ impl MetadataStore for SqliteMetadataStore {
         limit: u32,
     ) -> Result<Page, StorageError> {
         let mut items: Vec<String> = sqlx::query_scalar(
-            "SELECT name FROM repositories WHERE name > ? ORDER BY name LIMIT ?",
+            "SELECT name FROM repositories WHERE name > $1 ORDER BY name LIMIT $2",
         )
         .bind(last.unwrap_or(""))
         .bind(i64::from(limit) + 1)
@@ -515,7 +610,7 @@ impl MetadataStore for SqliteMetadataStore {
         let rows = sqlx::query(
             "SELECT m.digest, m.media_type, m.artifact_type, m.size, m.annotations FROM manifests m
                JOIN repositories r ON r.id = m.repository_id
-              WHERE r.name = ? AND m.subject = ? AND (? IS NULL OR m.artifact_type = ?)
+              WHERE r.name = $1 AND m.subject = $2 AND (CAST($3 AS TEXT) IS NULL OR m.artifact_type = $4)
               ORDER BY m.created_at, m.digest",
         )
         .bind(repo.as_str())
@@ -553,12 +648,13 @@ impl MetadataStore for SqliteMetadataStore {
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
         let mut present = Vec::new();
         for digest in digests {
-            let known: Option<i64> = sqlx::query_scalar("SELECT 1 FROM blobs WHERE digest = ?")
-                .bind(digest.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
+            let known: Option<String> =
+                sqlx::query_scalar("SELECT digest FROM blobs WHERE digest = $1")
+                    .bind(digest.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
             if known.is_some() {
-                sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING")
+                sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
                     .bind(repo_id)
                     .bind(digest.as_str())
                     .bind(now)
@@ -580,12 +676,12 @@ impl MetadataStore for SqliteMetadataStore {
             return Ok(None);
         };
         let rows = sqlx::query(
-            "SELECT m.digest, m.created_at, m.annotations,
-                    (SELECT group_concat(t.name, ' ') FROM tags t
+            &format!("SELECT m.digest, m.created_at, m.annotations,
+                    (SELECT {} FROM tags t
                       WHERE t.repository_id = m.repository_id AND t.manifest_digest = m.digest) AS tags
                FROM manifests m
-              WHERE m.repository_id = ? AND m.artifact_type = ?
-              ORDER BY m.created_at DESC, m.digest",
+              WHERE m.repository_id = $1 AND m.artifact_type = $2
+              ORDER BY m.created_at DESC, m.digest", self.dialect.string_agg()),
         )
         .bind(repo_id)
         .bind(artifact_type)

@@ -1,0 +1,272 @@
+//! The registry on PostgreSQL: the conformance suite, client round trips, two replicas over one
+//! database, and the database going away mid-push.
+
+use std::time::Duration;
+
+use crate::support::oci::pseudo_random;
+use crate::support::postgres::PgCluster;
+use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
+use crate::support::{push_blob, push_manifest, Server};
+
+fn serve_on(pg: &PgCluster, db: &str, data: &std::path::Path) -> Server {
+    let url = pg.database(db);
+    Server::start_on(data, &["--metadata-url", &url])
+}
+
+#[test]
+fn postgres_backend_passes_every_conformance_check() {
+    let Some(pg) = PgCluster::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_on(&pg, "conformance", &dir.path().join("blobs"));
+    let config = vial_conformance::Config {
+        base_url: server.url(),
+        namespace: "conformance".to_owned(),
+        cross_mount_namespace: None,
+        skip: Vec::new(),
+    };
+    let report = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(vial_conformance::run(&config));
+    let failures: Vec<String> = report
+        .results
+        .iter()
+        .filter(|r| !matches!(r.outcome, vial_conformance::Outcome::Pass))
+        .map(|r| format!("{}: {:?}", r.id, r.outcome))
+        .collect();
+    assert!(report.passed() > 40);
+    assert!(
+        failures.is_empty(),
+        "conformance failures on PostgreSQL:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn two_replicas_over_one_database_behave_as_one_registry() {
+    let Some(pg) = PgCluster::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.database("replicas");
+    let blobs = dir.path().join("blobs");
+    let a = Server::start_on(&blobs, &["--metadata-url", &url]);
+    let b = Server::start_on(&blobs, &["--metadata-url", &url]);
+
+    // Push a volume through one replica, pull it through the other.
+    let home = dir.path().join("home");
+    let src = home.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("w.bin"), pseudo_random(9 << 20, 4)).unwrap();
+    push_json(
+        &home,
+        &src,
+        &format!("{}/weights/replicated", a.addr),
+        &["--tag", "v1"],
+    );
+    let out = home.join("out");
+    vial_ok(
+        &home,
+        &[
+            "pull",
+            &format!("{}/weights/replicated:v1", b.addr),
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_same_tree(&src, &out);
+
+    // A chunked upload started on one replica and finished on the other.
+    let c = reqwest::blocking::Client::new();
+    let data = pseudo_random(3 << 20, 6);
+    let start = c
+        .post(format!("{}/v2/split/blobs/uploads/", a.url()))
+        .send()
+        .unwrap();
+    let path = start.headers()["location"].to_str().unwrap().to_owned();
+    let r = c
+        .patch(format!("{}{path}", a.url()))
+        .header("content-range", format!("0-{}", (1 << 20) - 1))
+        .body(data[..1 << 20].to_vec())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let r = c.get(format!("{}{path}", b.url())).send().unwrap();
+    assert_eq!(
+        r.headers()["range"],
+        format!("0-{}", (1 << 20) - 1),
+        "the other replica sees the session"
+    );
+    let digest = vial_core::Algorithm::Sha256.digest_bytes(&data);
+    let r = c
+        .put(format!("{}{path}?digest={digest}", b.url()))
+        .body(data[1 << 20..].to_vec())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().unwrap_or_default());
+    assert_eq!(
+        c.get(format!("{}/v2/split/blobs/{digest}", a.url()))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap()
+            .as_ref(),
+        data.as_slice()
+    );
+
+    // 50 compare-and-swap tag moves racing across both replicas: every winner saw the tag where it
+    // expected it, so the winners form one chain and the tag ends on the last winner's manifest.
+    let layer = push_blob(&c, &a.url(), "race", b"layer");
+    let (first, _) = push_manifest(&c, &a.url(), "race", "t", &[(layer.clone(), 5)]);
+    let manifests: Vec<(vial_core::Digest, Vec<u8>)> = (0..50)
+        .map(|i| {
+            let body = serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": vial_core::media::OCI_MANIFEST,
+                "config": {"mediaType": vial_core::media::OCI_EMPTY, "digest": vial_core::media::OCI_EMPTY_DIGEST, "size": 2},
+                "layers": [{"mediaType": "application/octet-stream", "digest": layer, "size": 5}],
+                "annotations": {"n": i.to_string()},
+            }))
+            .unwrap();
+            (vial_core::Algorithm::Sha256.digest_bytes(&body), body)
+        })
+        .collect();
+    let handles: Vec<_> = manifests
+        .into_iter()
+        .enumerate()
+        .map(|(i, (digest, body))| {
+            let base = if i % 2 == 0 { a.url() } else { b.url() };
+            let first = first.clone();
+            std::thread::spawn(move || {
+                let c = reqwest::blocking::Client::new();
+                let mut expected = first;
+                for _ in 0..20 {
+                    let r = c
+                        .put(format!("{base}/v2/race/manifests/t"))
+                        .header("content-type", vial_core::media::OCI_MANIFEST)
+                        .header("if-match", format!("\"{expected}\""))
+                        .body(body.clone())
+                        .send()
+                        .unwrap();
+                    match r.status().as_u16() {
+                        201 => return Some((expected, digest)),
+                        412 => {
+                            let v: serde_json::Value = r.json().unwrap();
+                            expected = vial_core::Digest::parse(
+                                v["errors"][0]["detail"]["current"].as_str().unwrap(),
+                            )
+                            .unwrap();
+                        }
+                        s => panic!("unexpected status {s}"),
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+    let wins: Vec<(vial_core::Digest, vial_core::Digest)> = handles
+        .into_iter()
+        .filter_map(|h| h.join().unwrap())
+        .collect();
+    assert!(!wins.is_empty());
+    // Follow the chain of moves from the first manifest: each win moved the tag from where the
+    // previous one left it, so the chain visits every win exactly once.
+    let mut at = first.clone();
+    let mut steps = 0;
+    while let Some((_, to)) = wins.iter().find(|(from, _)| *from == at) {
+        at = to.clone();
+        steps += 1;
+    }
+    assert_eq!(
+        steps,
+        wins.len(),
+        "some moves were lost: the wins do not form one chain"
+    );
+    let final_digest = c
+        .head(format!("{}/v2/race/manifests/t", b.url()))
+        .send()
+        .unwrap()
+        .headers()["docker-content-digest"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(final_digest, at.to_string());
+}
+
+#[test]
+fn pushes_fail_with_503_while_postgres_is_down_and_succeed_after() {
+    let Some(pg) = PgCluster::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_on(&pg, "outage", &dir.path().join("blobs"));
+    let c = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let before = push_blob(&c, &server.url(), "outage", b"before the outage");
+
+    pg.stop();
+    let data = pseudo_random(1 << 20, 77);
+    let digest = vial_core::Algorithm::Sha256.digest_bytes(&data);
+    let r = c
+        .post(format!(
+            "{}/v2/outage/blobs/uploads/?digest={digest}",
+            server.url()
+        ))
+        .body(data.clone())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 503, "a push while the database is down");
+    let body: serde_json::Value = r.json().unwrap();
+    assert_eq!(body["errors"][0]["code"], "UNAVAILABLE");
+    let r = c
+        .get(format!("{}/v2/outage/blobs/{before}", server.url()))
+        .send()
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        503,
+        "reads fail clearly too, not with a 404 that would lie"
+    );
+    assert_eq!(
+        c.get(format!("{}/readyz", server.url()))
+            .send()
+            .unwrap()
+            .status(),
+        503
+    );
+
+    pg.start_again();
+    // The pool reconnects by itself; the same push now succeeds and nothing half-written is visible.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c
+            .post(format!(
+                "{}/v2/outage/blobs/uploads/?digest={digest}",
+                server.url()
+            ))
+            .body(data.clone())
+            .send()
+            .unwrap();
+        if r.status() == 201 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the registry did not recover: {}",
+            r.status()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = c
+        .get(format!("{}/v2/outage/blobs/{before}", server.url()))
+        .send()
+        .unwrap();
+    assert_eq!(r.bytes().unwrap().as_ref(), b"before the outage");
+    let home = dir.path().join("home");
+    let src = home.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("after.bin"), pseudo_random(100_000, 1)).unwrap();
+    push_json(&home, &src, &format!("{}/weights/after", server.addr), &[]);
+    assert!(vial(
+        &home,
+        &["versions", &format!("{}/weights/after", server.addr)]
+    )
+    .status
+    .success());
+}
