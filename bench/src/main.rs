@@ -1,6 +1,7 @@
 //! `vial-bench`: benchmarks `vial serve` side by side with CNCF Distribution (docker-registry),
 //! with nginx as the ceiling for large downloads (`registry`), and `vial push` side by side with
-//! the ORAS Python SDK and skopeo on model checkpoints (`push`). See bench/README.md.
+//! the ORAS Python SDK and skopeo on model checkpoints (`push`), and `vial mount` against
+//! `vial pull`, skopeo and local disk (`mount`). See bench/README.md.
 #![allow(clippy::print_stdout)]
 
 mod blobs;
@@ -8,6 +9,8 @@ mod ceiling;
 mod checkpoint;
 mod data;
 mod manifests;
+mod mount;
+mod mounted;
 mod push;
 mod pushers;
 mod report;
@@ -33,6 +36,9 @@ enum Command {
     Registry(RegistryArgs),
     /// Checkpoint push: vial vs the ORAS Python SDK vs skopeo, first push and three re-pushes.
     Push(push::PushArgs),
+    /// `vial mount`: mount time, time to first tensor, cold and warm full reads against
+    /// `vial pull`, skopeo and local disk, and the mount process's memory.
+    Mount(mount::MountArgs),
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +138,7 @@ fn main() -> Result<()> {
             match command {
                 Command::Registry(args) => run::registry(args).await,
                 Command::Push(args) => push::push(args).await,
+                Command::Mount(args) => mount::mount(args).await,
             }
         };
         tokio::select! {

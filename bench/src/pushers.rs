@@ -63,6 +63,11 @@ struct Measured {
 
 /// The registry's `vial_bytes_received_total`.
 pub async fn bytes_received(server: &Server) -> Result<u64> {
+    counter(server, "vial_bytes_received_total").await
+}
+
+/// A counter from the registry's `/metrics`, e.g. `vial_bytes_sent_total`.
+pub async fn counter(server: &Server, name: &str) -> Result<u64> {
     let client = crate::blobs::client()?;
     let text = client
         .get(server.url("metrics")?)
@@ -72,9 +77,9 @@ pub async fn bytes_received(server: &Server) -> Result<u64> {
         .text()
         .await?;
     text.lines()
-        .find_map(|l| l.strip_prefix("vial_bytes_received_total "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
-        .context("/metrics has no vial_bytes_received_total")
+        .with_context(|| format!("/metrics has no {name}"))
 }
 
 /// Runs `cmd` to completion against `server`, logging its stderr to `log`.
@@ -126,7 +131,7 @@ fn record(run: &mut PushRun, m: &Measured) {
     run.rss_samples = m.samples;
 }
 
-fn host(server: &Server) -> Result<String> {
+pub fn host(server: &Server) -> Result<String> {
     let h = server.base.host_str().context("server URL has no host")?;
     let p = server.base.port().context("server URL has no port")?;
     Ok(format!("{h}:{p}"))
