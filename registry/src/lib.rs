@@ -89,6 +89,13 @@ pub async fn serve(
     let janitor = tokio::spawn(janitor(Arc::clone(&state)));
     let addr = listener.local_addr().map_err(ServeError::Listen)?;
     tracing::info!(%addr, "registry listening");
+    // Small responses (manifests, tree blobs) must not wait for Nagle's algorithm to meet the
+    // client's delayed ACK: that costs ~40 ms on a reused connection.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let result = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await

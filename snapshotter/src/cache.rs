@@ -1,11 +1,11 @@
 //! The node chunk cache: verified chunks on disk, content-addressed, shared by every mount on the
 //! node and bounded in size with least-recently-used eviction.
 //!
-//! Layout: `<dir>/chunks/<algorithm>/<xx>/<hex>`, written as `<dir>/tmp/<random>` and renamed into
-//! place only after the bytes matched the digest, so a reader never sees a partial chunk under a
-//! chunk's name. Files found on disk when a process starts (left by an earlier process, possibly
-//! before a power loss that lost unflushed data) are hashed again the first time this process uses
-//! them; a mismatch deletes the file and the chunk is fetched again.
+//! Layout: `<dir>/chunks/<algorithm>/<xx>/<hex>`, written as `<dir>/tmp/<random>`, flushed to disk,
+//! and renamed into place only after the bytes matched the digest. A reader therefore never sees a
+//! partial chunk under a chunk's name, not even after a power loss, and a chunk file found on disk
+//! (left by this process, another mount on the node, or an earlier run) is served without hashing it
+//! again. Temporary files left by a crash are deleted when a cache is opened.
 //!
 //! Several processes may share one directory. Each keeps its own view of what is there and evicts
 //! to its own bound; a chunk another process evicted is simply missing on open and fetched again.
@@ -182,13 +182,46 @@ impl ChunkCache {
         }
     }
 
-    /// Makes sure a chunk on disk is intact before it is served: hashes it once per process. This
-    /// also finds chunks another process (another mount on the node) stored after this one started.
-    /// Returns `Ok(false)` when the chunk is not on disk.
-    pub fn verify_existing(&self, digest: &Digest) -> Result<bool, CacheError> {
-        if self.lock().entries.get(digest).is_some_and(|e| e.verified) {
+    /// Looks for a chunk another process (another mount on the node) stored after this one
+    /// indexed the directory. Chunk files are only ever created complete and verified, so finding
+    /// one is enough. Returns whether the chunk is now known.
+    pub fn adopt_existing(&self, digest: &Digest) -> Result<bool, CacheError> {
+        if self.contains_verified(digest) {
             return Ok(true);
         }
+        let path = self.path(digest);
+        let size = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io(&path)(e)),
+        };
+        {
+            let mut state = self.lock();
+            state.tick += 1;
+            let tick = state.tick;
+            if state
+                .entries
+                .insert(
+                    digest.clone(),
+                    Entry {
+                        size,
+                        last_used: tick,
+                        verified: true,
+                    },
+                )
+                .is_none()
+            {
+                state.total += size;
+            }
+        }
+        self.evict();
+        Ok(true)
+    }
+
+    /// Checks a cached chunk's bytes against its digest, removing it if they do not match (a disk
+    /// that corrupted it, or someone writing into the cache directory). For `vial mount --verify`
+    /// style checks and tests; the read path trusts chunk files, which were verified when stored.
+    pub fn verify_existing(&self, digest: &Digest) -> Result<bool, CacheError> {
         let path = self.path(digest);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
@@ -206,31 +239,7 @@ impl ChunkCache {
                 digest: digest.clone(),
             });
         }
-        {
-            let mut state = self.lock();
-            state.tick += 1;
-            let tick = state.tick;
-            let size = bytes.len() as u64;
-            match state.entries.get_mut(digest) {
-                Some(e) => {
-                    e.verified = true;
-                    e.last_used = tick;
-                }
-                None => {
-                    state.entries.insert(
-                        digest.clone(),
-                        Entry {
-                            size,
-                            last_used: tick,
-                            verified: true,
-                        },
-                    );
-                    state.total += size;
-                }
-            }
-        }
-        self.evict();
-        Ok(true)
+        self.adopt_existing(digest)
     }
 
     fn forget(&self, digest: &Digest) {
@@ -252,6 +261,8 @@ impl ChunkCache {
         let result = (|| -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(bytes)?;
+            // Durable before it has a chunk's name: a crash can lose the chunk, never tear it.
+            f.sync_data()?;
             if let Some(parent) = dest.parent() {
                 std::fs::create_dir_all(parent)?;
             }
@@ -366,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn chunks_left_on_disk_are_reverified_and_corrupt_ones_removed() {
+    fn chunks_left_on_disk_are_reused_temp_files_removed_and_corruption_detectable() {
         let dir = tempfile::tempdir().unwrap();
         let (good, good_bytes) = chunk(1);
         let (bad, bad_bytes) = chunk(2);

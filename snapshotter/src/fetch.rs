@@ -44,8 +44,26 @@ pub struct Fetcher {
     cache: Arc<ChunkCache>,
     stats: Arc<Stats>,
     inflight: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
-    network: Semaphore,
+    /// Downloads for reads an application is waiting on.
+    demand: Semaphore,
+    /// Downloads nobody waits on yet (read-ahead, whole-volume prefetch): a separate pool, so they
+    /// never queue in front of a read.
+    background: Semaphore,
     timeout: Duration,
+}
+
+/// Who is waiting for a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    Demand,
+    Background,
+}
+
+/// What `ensure` had to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    AlreadyCached,
+    Downloaded,
 }
 
 impl Fetcher {
@@ -63,7 +81,8 @@ impl Fetcher {
             cache,
             stats,
             inflight: Mutex::new(HashMap::new()),
-            network: Semaphore::new(parallel.max(1)),
+            demand: Semaphore::new(parallel.max(1)),
+            background: Semaphore::new((parallel / 2).max(1)),
             timeout,
         }
     }
@@ -73,10 +92,15 @@ impl Fetcher {
     }
 
     /// Makes sure a verified copy of the chunk is in the cache.
-    pub async fn ensure(&self, digest: &Digest, size: u64) -> Result<(), FetchError> {
+    pub async fn ensure(
+        &self,
+        digest: &Digest,
+        size: u64,
+        priority: Priority,
+    ) -> Result<Ensured, FetchError> {
         if self.cache.contains_verified(digest) {
             self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(Ensured::AlreadyCached);
         }
         let gate = {
             let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
@@ -84,7 +108,7 @@ impl Fetcher {
         };
         let result = {
             let _one_at_a_time = gate.lock().await;
-            self.ensure_locked(digest, size).await
+            self.ensure_locked(digest, size, priority).await
         };
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::strong_count(&gate) <= 2 {
@@ -93,36 +117,41 @@ impl Fetcher {
         result
     }
 
-    async fn ensure_locked(&self, digest: &Digest, size: u64) -> Result<(), FetchError> {
-        if self.cache.contains_verified(digest) {
-            self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        // A copy left by an earlier process is checked once before use.
+    async fn ensure_locked(
+        &self,
+        digest: &Digest,
+        size: u64,
+        priority: Priority,
+    ) -> Result<Ensured, FetchError> {
+        // Another reader may have fetched it while we waited, or another mount on the node.
         let cache = Arc::clone(&self.cache);
         let d = digest.clone();
-        match tokio::task::spawn_blocking(move || cache.verify_existing(&d))
+        let found = tokio::task::spawn_blocking(move || cache.adopt_existing(&d))
             .await
-            .map_err(|e| FetchError::Task(e.to_string()))?
-        {
-            Ok(true) => {
-                self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
-            }
-            Ok(false) | Err(CacheError::Corrupt { .. }) => {}
-            Err(e) => return Err(e.into()),
+            .map_err(|e| FetchError::Task(e.to_string()))??;
+        if found {
+            self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Ensured::AlreadyCached);
         }
         self.stats.cache_misses.fetch_add(1, Ordering::Relaxed);
-        let result = self.download(digest, size).await;
+        let result = self.download(digest, size, priority).await;
         if result.is_err() {
             self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
         }
-        result
+        result.map(|()| Ensured::Downloaded)
     }
 
-    async fn download(&self, digest: &Digest, size: u64) -> Result<(), FetchError> {
-        let _permit = self
-            .network
+    async fn download(
+        &self,
+        digest: &Digest,
+        size: u64,
+        priority: Priority,
+    ) -> Result<(), FetchError> {
+        let pool = match priority {
+            Priority::Demand => &self.demand,
+            Priority::Background => &self.background,
+        };
+        let _permit = pool
             .acquire()
             .await
             .map_err(|e| FetchError::Task(e.to_string()))?;

@@ -21,7 +21,7 @@ use vial_core::volume::ChunkRef;
 
 use crate::cache::CacheError;
 use crate::errno;
-use crate::fetch::Fetcher;
+use crate::fetch::{Ensured, Fetcher, Priority};
 use crate::inodes::{FileNode, Inodes, NodeKind, Piece};
 use crate::stats::Stats;
 
@@ -31,6 +31,9 @@ const TTL: Duration = Duration::from_secs(24 * 3600);
 const MAX_IO: u32 = 1024 * 1024;
 /// The furthest ahead of a sequential reader that chunks are fetched.
 const READAHEAD_MAX: u64 = 64 * 1024 * 1024;
+/// Read-ahead starts once a reader has read this much in sequence: a typical tensor read (a few
+/// MiB) fetches nothing beyond the tensor, a model streaming a multi-GiB shard soon runs 64 MiB ahead.
+const READAHEAD_START: u64 = 8 * 1024 * 1024;
 
 #[derive(Debug)]
 pub struct Shared {
@@ -135,7 +138,7 @@ impl Shared {
         for _ in 0..4 {
             let fetches = pieces.iter().map(|p| {
                 let c = &self.chunks[p.chunk as usize];
-                self.fetcher.ensure(&c.digest, c.size)
+                self.fetcher.ensure(&c.digest, c.size, Priority::Demand)
             });
             for result in futures_util::future::join_all(fetches).await {
                 if let Err(e) = result {
@@ -168,7 +171,7 @@ impl Shared {
                 end - offset
             };
             ra.last_end = end;
-            if end >= file.size || ra.run < 2 * u64::from(MAX_IO) {
+            if end >= file.size || ra.run < READAHEAD_START {
                 return;
             }
             let window = ra.run.min(READAHEAD_MAX);
@@ -188,7 +191,9 @@ impl Shared {
             }
             let (me, digest, size) = (Arc::clone(self), c.digest.clone(), c.size);
             self.runtime.spawn(async move {
-                if me.fetcher.ensure(&digest, size).await.is_ok() {
+                if let Ok(Ensured::Downloaded) =
+                    me.fetcher.ensure(&digest, size, Priority::Background).await
+                {
                     me.stats.prefetched_chunks.fetch_add(1, Ordering::Relaxed);
                 }
             });

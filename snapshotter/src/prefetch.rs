@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 
+use crate::fetch::{Ensured, Priority};
 use crate::fs::Shared;
 use crate::inodes::NodeKind;
 
@@ -43,8 +44,11 @@ pub async fn prefetch_all(shared: Arc<Shared>) {
             let shared = Arc::clone(&shared);
             async move {
                 let chunk = &shared.chunks[c as usize];
-                let r = shared.fetcher.ensure(&chunk.digest, chunk.size).await;
-                if r.is_ok() {
+                let r = shared
+                    .fetcher
+                    .ensure(&chunk.digest, chunk.size, Priority::Background)
+                    .await;
+                if let Ok(Ensured::Downloaded) = r {
                     shared
                         .stats
                         .prefetched_chunks
