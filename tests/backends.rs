@@ -18,26 +18,9 @@ fn postgres_backend_passes_every_conformance_check() {
     let Some(pg) = PgCluster::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let server = serve_on(&pg, "conformance", &dir.path().join("blobs"));
-    let config = vial_conformance::Config {
-        base_url: server.url(),
-        namespace: "conformance".to_owned(),
-        cross_mount_namespace: None,
-        skip: Vec::new(),
-    };
-    let report = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(vial_conformance::run(&config));
-    let failures: Vec<String> = report
-        .results
-        .iter()
-        .filter(|r| !matches!(r.outcome, vial_conformance::Outcome::Pass))
-        .map(|r| format!("{}: {:?}", r.id, r.outcome))
-        .collect();
-    assert!(report.passed() > 40);
-    assert!(
-        failures.is_empty(),
-        "conformance failures on PostgreSQL:\n{}",
-        failures.join("\n")
+    crate::support::conformance::assert_all_pass(
+        &crate::support::conformance::run(&server.url()),
+        "PostgreSQL + filesystem",
     );
 }
 

@@ -506,3 +506,43 @@ fn a_malicious_tree_is_refused_and_nothing_is_written_outside() {
     assert!(err.contains("invalid path"), "{err}");
     assert!(!home.path().join("sub/escaped.txt").exists());
 }
+
+#[test]
+fn pushing_the_same_checkpoint_to_another_repository_uploads_nothing() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    write_tree(&src);
+    let first = push_json(
+        home.path(),
+        &src,
+        &format!("{}/team-a/model", server.addr),
+        &[],
+    );
+    assert!(first["bytes_uploaded"].as_u64().unwrap() > 0);
+    // The registry links what it already holds into the new repository (a bulk cross-repository
+    // mount): no chunk travels again, and the copy is a complete, pullable version.
+    let second = push_json(
+        home.path(),
+        &src,
+        &format!("{}/team-b/model", server.addr),
+        &["--rehash"],
+    );
+    assert_eq!(second["digest"], first["digest"]);
+    assert_eq!(second["bytes_uploaded"], 0);
+    assert_eq!(second["chunks_reused"], second["chunks"]);
+    let out = home.path().join("out");
+    vial_ok(
+        home.path(),
+        &[
+            "pull",
+            &format!(
+                "{}/team-b/model@{}",
+                server.addr,
+                second["digest"].as_str().unwrap()
+            ),
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_same_tree(&src, &out);
+}

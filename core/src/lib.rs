@@ -19,3 +19,15 @@ pub mod volume;
 pub use digest::{Algorithm, Digest, DigestError, DigestHasher};
 pub use name::{NameError, RepoName, Tag};
 pub use reference::{Reference, ReferenceError, Target};
+
+/// `outer: inner: innermost`: an error and its sources on one line, for logs.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}

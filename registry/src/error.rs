@@ -172,17 +172,7 @@ impl From<CommitManifestError> for ApiError {
     }
 }
 
-/// `outer: inner: innermost`, for logs.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
-}
+pub use vial_core::error_chain;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

@@ -1,11 +1,15 @@
 //! The node chunk cache: verified chunks on disk, content-addressed, shared by every mount on the
 //! node and bounded in size with least-recently-used eviction.
 //!
-//! Layout: `<dir>/chunks/<algorithm>/<xx>/<hex>`, written as `<dir>/tmp/<random>`, flushed to disk,
-//! and renamed into place only after the bytes matched the digest. A reader therefore never sees a
-//! partial chunk under a chunk's name, not even after a power loss, and a chunk file found on disk
-//! (left by this process, another mount on the node, or an earlier run) is served without hashing it
-//! again. Temporary files left by a crash are deleted when a cache is opened.
+//! Layout: `<dir>/chunks/<algorithm>/<xx>/<hex>`, written as `<dir>/tmp/<random>` and renamed into
+//! place only after the bytes matched the digest, so no process ever sees a partial chunk under a
+//! chunk's name. Chunks are not fsynced one by one (that would bound a cold read by the disk's
+//! synchronous write speed); instead each writing process leaves a marker in `<dir>/writers/` naming
+//! the boot it runs in, and syncs and removes it when it stops cleanly. A process that crashes
+//! leaves its chunks in the kernel's page cache, intact; only a machine that went down can leave
+//! torn files. So when a cache is opened and a marker from another boot is found, every chunk on
+//! disk is hashed again before its first use, and a mismatch deletes it; otherwise chunk files are
+//! trusted as written. Temporary files left by a crash are deleted when a cache is opened.
 //!
 //! Several processes may share one directory. Each keeps its own view of what is there and evicts
 //! to its own bound; a chunk another process evicted is simply missing on open and fetched again.
@@ -68,6 +72,39 @@ pub struct ChunkCache {
     state: Mutex<State>,
     tmp_counter: AtomicU64,
     stats: std::sync::Arc<Stats>,
+    /// This boot's id, written into this process's writer marker.
+    boot: String,
+    marker_written: std::sync::atomic::AtomicBool,
+}
+
+/// The kernel's id of the current boot; empty where unavailable (then every crash looks like a
+/// reboot, which only costs re-hashing).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Removes markers of processes that are gone. Returns whether any of them ran in another boot,
+/// i.e. chunks may have been lost from the page cache before reaching the disk.
+fn sweep_writer_markers(dir: &Path, boot: &str) -> bool {
+    let mut suspect = false;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    for e in entries.flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        let marker_boot = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let other_boot = boot.is_empty() || marker_boot.trim() != boot;
+        let alive = !other_boot && Path::new("/proc").join(&pid).exists();
+        if other_boot {
+            suspect = true;
+        }
+        if !alive {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    suspect
 }
 
 impl ChunkCache {
@@ -78,7 +115,7 @@ impl ChunkCache {
         stats: std::sync::Arc<Stats>,
     ) -> Result<ChunkCache, CacheError> {
         let limit = limit.max(MIN_CACHE_SIZE);
-        for sub in ["chunks", "tmp"] {
+        for sub in ["chunks", "tmp", "writers"] {
             let d = dir.join(sub);
             std::fs::create_dir_all(&d).map_err(io(&d))?;
         }
@@ -87,14 +124,21 @@ impl ChunkCache {
         for e in std::fs::read_dir(&tmp).map_err(io(&tmp))?.flatten() {
             let _ = std::fs::remove_file(e.path());
         }
+        let boot = boot_id();
+        let suspect = sweep_writer_markers(&dir.join("writers"), &boot);
+        if suspect {
+            tracing::warn!(dir = %dir.display(), "the machine went down while chunks were being cached: every cached chunk is checked again before use");
+        }
         let cache = ChunkCache {
             dir: dir.to_owned(),
             limit,
             state: Mutex::new(State::default()),
             tmp_counter: AtomicU64::new(0),
             stats,
+            boot,
+            marker_written: std::sync::atomic::AtomicBool::new(false),
         };
-        cache.rescan()?;
+        cache.rescan(!suspect)?;
         Ok(cache)
     }
 
@@ -111,8 +155,9 @@ impl ChunkCache {
             .join(hex)
     }
 
-    /// Indexes the chunk files on disk, oldest modification first, as unverified.
-    fn rescan(&self) -> Result<(), CacheError> {
+    /// Indexes the chunk files on disk, oldest modification first; `trusted` says whether they can
+    /// be served as they are or must be hashed again first.
+    fn rescan(&self, trusted: bool) -> Result<(), CacheError> {
         let mut found: Vec<(std::time::SystemTime, Digest, u64)> = Vec::new();
         let root = self.dir.join("chunks");
         for alg in Algorithm::ALL {
@@ -149,7 +194,7 @@ impl ChunkCache {
                     Entry {
                         size,
                         last_used: tick,
-                        verified: false,
+                        verified: trusted,
                     },
                 )
                 .is_none()
@@ -188,6 +233,14 @@ impl ChunkCache {
     pub fn adopt_existing(&self, digest: &Digest) -> Result<bool, CacheError> {
         if self.contains_verified(digest) {
             return Ok(true);
+        }
+        if self.lock().entries.contains_key(digest) {
+            // Found on disk after an unclean shutdown of the machine: check it before any use.
+            return match self.verify_existing(digest) {
+                Ok(found) => Ok(found),
+                Err(CacheError::Corrupt { .. }) => Ok(false),
+                Err(e) => Err(e),
+            };
         }
         let path = self.path(digest);
         let size = match std::fs::metadata(&path) {
@@ -239,7 +292,59 @@ impl ChunkCache {
                 digest: digest.clone(),
             });
         }
-        self.adopt_existing(digest)
+        self.mark_verified(digest, bytes.len() as u64);
+        Ok(true)
+    }
+
+    fn mark_verified(&self, digest: &Digest, size: u64) {
+        {
+            let mut state = self.lock();
+            state.tick += 1;
+            let tick = state.tick;
+            match state.entries.get_mut(digest) {
+                Some(e) => {
+                    e.verified = true;
+                    e.last_used = tick;
+                }
+                None => {
+                    state.entries.insert(
+                        digest.clone(),
+                        Entry {
+                            size,
+                            last_used: tick,
+                            verified: true,
+                        },
+                    );
+                    state.total += size;
+                }
+            }
+        }
+        self.evict();
+    }
+
+    /// Flushes this process's chunks to disk and removes its writer marker: call on clean shutdown.
+    pub fn close(&self) {
+        if !self.marker_written.load(Ordering::Relaxed) {
+            return;
+        }
+        match std::process::Command::new("sync")
+            .arg("-f")
+            .arg(&self.dir)
+            .status()
+        {
+            Ok(s) if s.success() => {
+                let _ = std::fs::remove_file(self.marker_path());
+            }
+            other => {
+                tracing::warn!(result = ?other, "could not sync the chunk cache; it will be re-checked on next use")
+            }
+        }
+    }
+
+    fn marker_path(&self) -> PathBuf {
+        self.dir
+            .join("writers")
+            .join(std::process::id().to_string())
     }
 
     fn forget(&self, digest: &Digest) {
@@ -258,11 +363,16 @@ impl ChunkCache {
             .join("tmp")
             .join(format!("{}-{n}", std::process::id()));
         let dest = self.path(digest);
+        if !self.marker_written.swap(true, Ordering::Relaxed) {
+            let marker = self.marker_path();
+            if let Err(e) = std::fs::write(&marker, &self.boot) {
+                self.marker_written.store(false, Ordering::Relaxed);
+                return Err(io(&marker)(e));
+            }
+        }
         let result = (|| -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(bytes)?;
-            // Durable before it has a chunk's name: a crash can lose the chunk, never tear it.
-            f.sync_data()?;
             if let Some(parent) = dest.parent() {
                 std::fs::create_dir_all(parent)?;
             }
@@ -386,7 +496,9 @@ mod tests {
             cache.insert(&good, &good_bytes).unwrap();
             cache.insert(&bad, &bad_bytes).unwrap();
         }
-        // Simulate a torn write that survived a crash under the chunk's name.
+        // Simulate a torn write that survived the machine going down under the chunk's name: the
+        // writer's marker names another boot.
+        std::fs::write(dir.path().join("writers/999999"), "another-boot").unwrap();
         std::fs::write(
             dir.path()
                 .join("chunks/sha256")
@@ -411,5 +523,39 @@ mod tests {
             "the corrupt chunk is gone"
         );
         assert!(!dir.path().join("tmp/123-0").exists());
+    }
+}
+
+#[cfg(test)]
+mod crash_tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn after_a_process_crash_in_the_same_boot_chunks_are_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = vec![7u8; 1000];
+        let digest = Algorithm::Sha256.digest_bytes(&bytes);
+        {
+            let cache = ChunkCache::open(dir.path(), 1 << 30, Arc::new(Stats::default())).unwrap();
+            cache.insert(&digest, &bytes).unwrap();
+            assert!(dir
+                .path()
+                .join("writers")
+                .join(std::process::id().to_string())
+                .exists());
+            // No close(): the process "crashes". Its marker names this boot, so nothing is suspect.
+            std::fs::rename(
+                dir.path()
+                    .join("writers")
+                    .join(std::process::id().to_string()),
+                dir.path().join("writers/999999"),
+            )
+            .unwrap();
+            std::fs::write(dir.path().join("writers/999999"), boot_id()).unwrap();
+        }
+        let cache = ChunkCache::open(dir.path(), 1 << 30, Arc::new(Stats::default())).unwrap();
+        assert!(cache.contains_verified(&digest));
+        cache.close();
     }
 }

@@ -142,7 +142,7 @@ impl Shared {
             });
             for result in futures_util::future::join_all(fetches).await {
                 if let Err(e) = result {
-                    tracing::error!(error = %vial_client_chain(&e), reference = %self.reference, "read failed: chunk unavailable");
+                    tracing::error!(error = %vial_core::error_chain(&e), reference = %self.reference, "read failed: chunk unavailable");
                     return Err(errno::from_fetch(&e));
                 }
             }
@@ -199,17 +199,6 @@ impl Shared {
             });
         }
     }
-}
-
-fn vial_client_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 impl Filesystem for VialFs {

@@ -49,6 +49,7 @@ pub enum MountError {
 /// A mounted filesystem, served by FUSE threads until [`Mounted::wait`] returns.
 pub struct Mounted {
     unmounter: fuser::SessionUnmounter,
+    cache: Arc<ChunkCache>,
     done: std::sync::mpsc::Receiver<std::io::Result<()>>,
     pub mountpoint: PathBuf,
 }
@@ -72,6 +73,11 @@ impl Mounted {
     /// Blocks until the filesystem is unmounted, by us or by someone else.
     pub fn wait(&self) -> std::io::Result<()> {
         self.done.recv().unwrap_or(Ok(()))
+    }
+
+    /// Flushes what this mount cached to disk: call once the filesystem is unmounted.
+    pub fn close_cache(&self) {
+        self.cache.close();
     }
 
     /// Whether the session has ended, without blocking.
@@ -126,7 +132,7 @@ pub fn mount(
     let fetcher = Arc::new(Fetcher::new(
         registry,
         repo,
-        cache,
+        Arc::clone(&cache),
         Arc::clone(&stats),
         options.parallel,
         options.timeout,
@@ -180,6 +186,7 @@ pub fn mount(
     }
     Ok(Mounted {
         unmounter,
+        cache,
         done,
         mountpoint: mountpoint.to_owned(),
     })

@@ -366,35 +366,12 @@ impl MetadataStore for SqlMetadataStore {
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
 
-        let mut missing_blobs = Vec::new();
-        for digest in dedup(&manifest.blobs) {
-            let found: Option<String> = sqlx::query_scalar(
-                "SELECT digest FROM repository_blobs WHERE repository_id = $1 AND digest = $2",
-            )
-            .bind(repo_id)
-            .bind(digest.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-            if found.is_none() {
-                missing_blobs.push(digest.clone());
-            }
-        }
+        let missing_blobs = missing(&mut tx, Held::Blob, repo_id, &manifest.blobs).await?;
         if !missing_blobs.is_empty() {
             return Err(CommitManifestError::MissingBlobs(missing_blobs));
         }
-        let mut missing_manifests = Vec::new();
-        for digest in dedup(&manifest.children) {
-            let found: Option<String> = sqlx::query_scalar(
-                "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2",
-            )
-            .bind(repo_id)
-            .bind(digest.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-            if found.is_none() {
-                missing_manifests.push(digest.clone());
-            }
-        }
+        let missing_manifests =
+            missing(&mut tx, Held::Manifest, repo_id, &manifest.children).await?;
         if !missing_manifests.is_empty() {
             return Err(CommitManifestError::MissingManifests(missing_manifests));
         }
@@ -710,6 +687,40 @@ impl MetadataStore for SqlMetadataStore {
         sqlx::query("SELECT 1").execute(&self.reader).await?;
         Ok(())
     }
+}
+
+/// What a manifest may reference.
+#[derive(Clone, Copy)]
+enum Held {
+    Blob,
+    Manifest,
+}
+
+/// Of `digests`, those the repository does not hold (as blobs or as manifests), in sorted order.
+async fn missing(
+    tx: &mut Transaction<'_, Any>,
+    held: Held,
+    repo_id: i64,
+    digests: &[Digest],
+) -> Result<Vec<Digest>, sqlx::Error> {
+    let query = match held {
+        Held::Blob => {
+            "SELECT digest FROM repository_blobs WHERE repository_id = $1 AND digest = $2"
+        }
+        Held::Manifest => "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2",
+    };
+    let mut out = Vec::new();
+    for digest in dedup(digests) {
+        let found: Option<String> = sqlx::query_scalar(query)
+            .bind(repo_id)
+            .bind(digest.as_str())
+            .fetch_optional(&mut **tx)
+            .await?;
+        if found.is_none() {
+            out.push(digest);
+        }
+    }
+    Ok(out)
 }
 
 fn dedup(digests: &[Digest]) -> Vec<Digest> {
