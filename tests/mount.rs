@@ -465,3 +465,54 @@ fn find_mount_pid(mountpoint: &Path) -> Option<u32> {
     }
     None
 }
+
+#[test]
+fn mount_dot_vial_takes_mount8_arguments() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("w.bin"), pseudo_random(100_000, 3)).unwrap();
+    push_json(
+        home.path(),
+        &src,
+        &format!("{}/weights/fstab", server.addr),
+        &["--tag", "v1"],
+    );
+    // mount(8) runs /sbin/mount.vial SOURCE DIR -o OPTIONS; a link named mount.vial does the same.
+    let helper = home.path().join("mount.vial");
+    std::os::unix::fs::symlink(crate::support::vial_bin(), &helper).unwrap();
+    let mp = home.path().join("mnt");
+    std::fs::create_dir_all(&mp).unwrap();
+    let cache = home.path().join("cache");
+    let out = std::process::Command::new(&helper)
+        .arg(format!("{}/weights/fstab:v1", server.addr))
+        .arg(&mp)
+        .args([
+            "-o",
+            &format!(
+                "ro,cache-dir={},cache-size=100MiB,prefetch=all",
+                cache.display()
+            ),
+        ])
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount.vial failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = Mount {
+        path: mp.clone(),
+        home: home.path().to_owned(),
+    };
+    assert_eq!(
+        std::fs::read(mp.join("w.bin")).unwrap(),
+        std::fs::read(src.join("w.bin")).unwrap()
+    );
+    assert_eq!(m.stats()["cache_limit"], 100 << 20);
+}

@@ -44,6 +44,9 @@ pub struct PullReport {
     pub seconds: f64,
 }
 
+/// Where each chunk goes: (file index, offset in the file), by chunk index.
+type Places = HashMap<u32, Vec<(usize, u64)>>;
+
 /// A file being written: where its bytes go now, and its final name.
 struct FileTarget {
     write_to: PathBuf,
@@ -79,7 +82,7 @@ pub async fn pull(
     });
 
     // Where each chunk goes: (file index, offset).
-    let mut wanted: HashMap<u32, Vec<(usize, u64)>> = HashMap::new();
+    let mut wanted: Places = HashMap::new();
     let mut file_index = 0;
     for e in &tree.entries {
         if let EntryKind::File { chunks, .. } = &e.kind {
@@ -102,7 +105,7 @@ pub async fn pull(
     progress.event(Event::Needed(needed));
 
     let downloaded = Arc::new(AtomicU64::new(0));
-    let results = futures_util::stream::iter(wanted.into_iter())
+    let results = futures_util::stream::iter(wanted)
         .map(|(chunk, places)| {
             let (registry, repo, tree, targets, progress, downloaded) = (
                 registry.clone(),
@@ -248,8 +251,8 @@ fn prepare(dest: &Path, tree: &Tree) -> Result<Vec<FileTarget>, ClientError> {
 fn verify_existing(
     targets: &[FileTarget],
     tree: &Tree,
-    mut wanted: HashMap<u32, Vec<(usize, u64)>>,
-) -> Result<(HashMap<u32, Vec<(usize, u64)>>, u64), ClientError> {
+    mut wanted: Places,
+) -> Result<(Places, u64), ClientError> {
     let mut present = 0;
     let mut open: HashMap<usize, File> = HashMap::new();
     for (chunk, places) in wanted.iter_mut() {

@@ -59,7 +59,7 @@ pub fn header_len(first8: &[u8], file_size: u64) -> Result<u64, SafetensorsError
         .and_then(|b| b.try_into().ok())
         .ok_or(SafetensorsError::TooShort)?;
     let n = u64::from_le_bytes(bytes);
-    if n < 2 || n > MAX_HEADER || 8 + n > file_size {
+    if !(2..=MAX_HEADER).contains(&n) || 8 + n > file_size {
         return Err(SafetensorsError::HeaderSize(n));
     }
     Ok(n)

@@ -139,12 +139,13 @@ impl Inodes {
                 children.push((name.to_owned(), ino));
             }
         }
-        if !names.contains_key(&(ROOT, STATS_NAME.to_owned())) {
-            let ino = nodes.len() as u64 + 1;
+        if let std::collections::hash_map::Entry::Vacant(slot) =
+            names.entry((ROOT, STATS_NAME.to_owned()))
+        {
+            slot.insert(nodes.len() as u64 + 1);
             nodes.push(Node {
                 kind: NodeKind::Stats,
             });
-            names.insert((ROOT, STATS_NAME.to_owned()), ino);
         }
         Inodes {
             nodes,

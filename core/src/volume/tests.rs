@@ -10,9 +10,12 @@ fn chunk(i: u64, size: u64) -> ChunkRef {
     }
 }
 
+/// One way of adding an entry to a builder.
+type Op = Box<dyn Fn(&mut TreeBuilder)>;
+
 fn sample(order: &[usize]) -> Tree {
     let mut b = TreeBuilder::new(ChunkingInfo::v1(DEFAULT_PARAMS));
-    let ops: Vec<Box<dyn Fn(&mut TreeBuilder)>> = vec![
+    let ops: Vec<Op> = vec![
         Box::new(|b| {
             b.add_file(
                 "model/a.safetensors",
