@@ -1,62 +1,136 @@
 //! `vial serve`: run the registry until SIGINT or SIGTERM.
+//!
+//! Settings come in layers: built-in defaults, then the config file (`--config`), then `VIAL_…`
+//! environment variables, then flags. Reading the config has no side effects; storage is opened
+//! only once every layer has been applied.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use serde::Deserialize;
 use vial_registry::config::DEFAULT_MAX_MANIFEST_SIZE;
 use vial_registry::{BlobBackend, Config, MetadataBackend};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial\n  vial serve --metadata-url postgres://vial:PASSWORD@db/vial --blob-url file:///srv/blobs"
+    after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial\n  vial serve --metadata-url postgres://vial:PASSWORD@db/vial --blob-url file:///srv/blobs\n  vial serve --config /etc/vial/vial.toml  # see docs/vial.example.toml"
 )]
 pub struct ServeArgs {
-    /// Address to listen on. Use port 0 to pick a free port (the chosen address is printed).
-    #[arg(long, env = "VIAL_ADDR", default_value = "127.0.0.1:5000")]
-    addr: SocketAddr,
+    /// TOML config file; its settings are overridden by VIAL_… variables and flags.
+    #[arg(long, env = "VIAL_CONFIG")]
+    config: Option<PathBuf>,
 
-    /// Directory for the embedded metadata database and blob files.
-    #[arg(long, env = "VIAL_DATA", default_value = "./vial-data")]
-    data: PathBuf,
+    /// Address to listen on [default: 127.0.0.1:5000]. Port 0 picks a free port (printed).
+    #[arg(long, env = "VIAL_ADDR")]
+    addr: Option<SocketAddr>,
+
+    /// Directory for the embedded metadata database and blob files [default: ./vial-data].
+    #[arg(long, env = "VIAL_DATA")]
+    data: Option<PathBuf>,
 
     /// Metadata store: sqlite://PATH (default: DATA/metadata.db) or postgres://USER:PASSWORD@HOST/DB.
     #[arg(long, env = "VIAL_METADATA_URL", hide_env_values = true)]
     metadata_url: Option<String>,
 
-    /// Blob store: file://PATH (default: the --data directory).
+    /// Blob store: file://PATH (default: the data directory).
     #[arg(long, env = "VIAL_BLOB_URL")]
     blob_url: Option<String>,
 
-    /// Largest manifest accepted, in bytes.
-    #[arg(long, env = "VIAL_MAX_MANIFEST_SIZE", default_value_t = DEFAULT_MAX_MANIFEST_SIZE)]
-    max_manifest_size: u64,
+    /// Largest manifest accepted, in bytes [default: 16777216].
+    #[arg(long, env = "VIAL_MAX_MANIFEST_SIZE")]
+    max_manifest_size: Option<u64>,
+
+    /// Discard upload sessions untouched for this long, e.g. 24h [default: 24h].
+    #[arg(long, env = "VIAL_UPLOAD_TTL", value_parser = humantime::parse_duration)]
+    upload_ttl: Option<Duration>,
+}
+
+/// The config file: the same settings as the flags. Unknown keys are an error, so a typo never
+/// silently falls back to a default.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    addr: Option<SocketAddr>,
+    data: Option<PathBuf>,
+    metadata_url: Option<String>,
+    blob_url: Option<String>,
+    max_manifest_size: Option<u64>,
+    #[serde(default, with = "humantime_serde_opt")]
+    upload_ttl: Option<Duration>,
+}
+
+/// `upload-ttl = "24h"` in the file.
+mod humantime_serde_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s: Option<String> = Option::deserialize(d)?;
+        s.map(|s| humantime::parse_duration(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> anyhow::Result<FileConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+}
+
+/// The listen address and the registry configuration, every layer applied.
+fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Config)> {
+    let addr = args
+        .addr
+        .or(file.addr)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 5000)));
+    let data = args
+        .data
+        .clone()
+        .or(file.data)
+        .unwrap_or_else(|| PathBuf::from("./vial-data"));
+    let mut config = Config::embedded(&data);
+    config.max_manifest_size = args
+        .max_manifest_size
+        .or(file.max_manifest_size)
+        .unwrap_or(DEFAULT_MAX_MANIFEST_SIZE);
+    if let Some(ttl) = args.upload_ttl.or(file.upload_ttl) {
+        config.upload_ttl = ttl;
+    }
+    if let Some(url) = args.metadata_url.as_ref().or(file.metadata_url.as_ref()) {
+        config.metadata = MetadataBackend::from_url(url)?;
+    }
+    if let Some(url) = args.blob_url.as_ref().or(file.blob_url.as_ref()) {
+        config.blobs = BlobBackend::from_url(url)?;
+    }
+    Ok((addr, config))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let (addr, config) = resolve(&args, file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("could not start the async runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.addr)
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .with_context(|| format!("could not listen on {}", args.addr))?;
+            .with_context(|| format!("could not listen on {addr}"))?;
         let local = listener.local_addr().context("listener has no address")?;
         // One line on stdout with the bound address, so scripts and tests that pass port 0 can find
         // the server without polling.
         #[allow(clippy::print_stdout)]
         {
             println!("vial registry listening on http://{local}");
-        }
-        let mut config = Config::embedded(&args.data);
-        config.max_manifest_size = args.max_manifest_size;
-        if let Some(url) = &args.metadata_url {
-            config.metadata = MetadataBackend::from_url(url)?;
-        }
-        if let Some(url) = &args.blob_url {
-            config.blobs = BlobBackend::from_url(url)?;
         }
         tracing::info!(metadata = ?config.metadata, blobs = ?config.blobs, "opening storage");
         vial_registry::serve(config, listener, shutdown_signal())
@@ -73,7 +147,6 @@ async fn shutdown_signal() {
             std::future::pending::<()>().await;
         }
     };
-    #[cfg(unix)]
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -85,10 +158,64 @@ async fn shutdown_signal() {
             }
         }
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
     tokio::select! {
         () = ctrl_c => tracing::info!("SIGINT received, shutting down"),
         () = term => tracing::info!("SIGTERM received, shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn the_documented_example_config_parses() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/vial.example.toml");
+        let file = FileConfig::load(&example).unwrap();
+        assert_eq!(file.addr, Some(SocketAddr::from(([0, 0, 0, 0], 5000))));
+        assert_eq!(file.upload_ttl, Some(Duration::from_secs(12 * 3600)));
+        assert!(file
+            .metadata_url
+            .as_deref()
+            .is_some_and(|u| u.starts_with("postgres://")));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = toml::from_str::<FileConfig>("adr = \"0.0.0.0:5000\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("adr"), "{err}");
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let file: FileConfig = toml::from_str(
+            "addr = \"0.0.0.0:6000\"\ndata = \"/srv/from-file\"\nmax-manifest-size = 1000",
+        )
+        .unwrap();
+        let cli = Cli::parse_from(["x", "--addr", "127.0.0.1:7000"]);
+        let (addr, config) = resolve(&cli.serve, file).unwrap();
+        assert_eq!(addr.port(), 7000, "the flag wins");
+        assert_eq!(
+            config.max_manifest_size, 1000,
+            "the file wins over the default"
+        );
+        assert_eq!(
+            config.blobs,
+            BlobBackend::Filesystem {
+                root: PathBuf::from("/srv/from-file")
+            }
+        );
+        let (addr, config) = resolve(&Cli::parse_from(["x"]).serve, FileConfig::default()).unwrap();
+        assert_eq!(addr.port(), 5000);
+        assert_eq!(config.max_manifest_size, DEFAULT_MAX_MANIFEST_SIZE);
     }
 }

@@ -1,0 +1,28 @@
+# vial: one image with the `vial` binary; `vial serve` by default.
+#   docker build -t vial .
+#   docker run -p 5000:5000 -v vial-data:/var/lib/vial vial
+# Production (PostgreSQL for metadata): pass the URL in the environment, not on the command line:
+#   docker run -p 5000:5000 -e VIAL_METADATA_URL=postgres://vial:…@db:5432/vial \
+#     -v /srv/vial-blobs:/var/lib/vial vial
+# It was not built in CI: no container engine or base image is reachable there.
+
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p vial-cli && strip target/release/vial
+
+FROM debian:bookworm-slim
+# fuse3 for `vial mount` inside the container (needs --device /dev/fuse --cap-add SYS_ADMIN).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates fuse3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --home-dir /var/lib/vial vial \
+ && mkdir -p /var/lib/vial && chown vial /var/lib/vial
+COPY --from=build /src/target/release/vial /usr/local/bin/vial
+USER vial
+VOLUME /var/lib/vial
+ENV VIAL_ADDR=0.0.0.0:5000 VIAL_DATA=/var/lib/vial
+EXPOSE 5000
+HEALTHCHECK CMD ["vial", "--version"]
+ENTRYPOINT ["vial"]
+CMD ["serve"]
