@@ -37,6 +37,9 @@ pub enum FetchError {
     Task(String),
 }
 
+/// Memory for verified chunks waiting for their cache write.
+const PENDING_MIB: usize = 256;
+
 #[derive(Debug)]
 pub struct Fetcher {
     registry: Registry,
@@ -44,6 +47,11 @@ pub struct Fetcher {
     cache: Arc<ChunkCache>,
     stats: Arc<Stats>,
     inflight: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
+    /// Verified chunks on their way into the cache, served from memory meanwhile: a read never
+    /// waits for a disk write.
+    pending: Arc<Mutex<HashMap<Digest, bytes::Bytes>>>,
+    /// Bounds the memory held in `pending`, in MiB; when the disk falls behind, downloads wait.
+    pending_budget: Arc<Semaphore>,
     /// Downloads for reads an application is waiting on.
     demand: Semaphore,
     /// Downloads nobody waits on yet (read-ahead, whole-volume prefetch): a separate pool, so they
@@ -81,6 +89,8 @@ impl Fetcher {
             cache,
             stats,
             inflight: Mutex::new(HashMap::new()),
+            pending: Arc::new(Mutex::new(HashMap::new())),
+            pending_budget: Arc::new(Semaphore::new(PENDING_MIB)),
             demand: Semaphore::new(parallel.max(1)),
             background: Semaphore::new((parallel / 2).max(1)),
             timeout,
@@ -91,6 +101,37 @@ impl Fetcher {
         &self.cache
     }
 
+    /// Whether the chunk can be read now without fetching it.
+    pub fn available(&self, digest: &Digest) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(digest)
+            || self.cache.contains_verified(digest)
+    }
+
+    /// Reads from a chunk that is [`available`](Self::available): from memory while its cache write
+    /// is under way, from the cache file after.
+    pub fn read_at(&self, digest: &Digest, offset: u64, buf: &mut [u8]) -> Result<(), CacheError> {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+            .cloned();
+        match pending {
+            Some(bytes) => {
+                let start = offset as usize;
+                let slice = bytes
+                    .get(start..start + buf.len())
+                    .ok_or_else(|| CacheError::Missing(digest.clone()))?;
+                buf.copy_from_slice(slice);
+                Ok(())
+            }
+            None => self.cache.read_at(digest, offset, buf),
+        }
+    }
+
     /// Makes sure a verified copy of the chunk is in the cache.
     pub async fn ensure(
         &self,
@@ -98,7 +139,7 @@ impl Fetcher {
         size: u64,
         priority: Priority,
     ) -> Result<Ensured, FetchError> {
-        if self.cache.contains_verified(digest) {
+        if self.available(digest) {
             self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Ensured::AlreadyCached);
         }
@@ -175,17 +216,40 @@ impl Fetcher {
                 actual: bytes.len() as u64,
             });
         }
+        drop(_permit);
         let len = bytes.len() as u64;
-        let (cache, d) = (Arc::clone(&self.cache), digest.clone());
-        tokio::task::spawn_blocking(move || {
+        let d = digest.clone();
+        let bytes = tokio::task::spawn_blocking(move || {
             let actual = d.algorithm().digest_bytes(&bytes);
             if actual != d {
                 return Err(FetchError::Mismatch { digest: d, actual });
             }
-            cache.insert(&d, &bytes).map_err(FetchError::from)
+            Ok(bytes)
         })
         .await
         .map_err(|e| FetchError::Task(e.to_string()))??;
+        // Write-behind: the chunk is readable from memory at once; the cache write follows.
+        let mib = (len.div_ceil(1 << 20) as u32).clamp(1, PENDING_MIB as u32);
+        let budget = Arc::clone(&self.pending_budget)
+            .acquire_many_owned(mib)
+            .await
+            .map_err(|e| FetchError::Task(e.to_string()))?;
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(digest.clone(), bytes.clone());
+        let (cache, pending, d) = (
+            Arc::clone(&self.cache),
+            Arc::clone(&self.pending),
+            digest.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = cache.insert(&d, &bytes) {
+                tracing::warn!(digest = %d, error = %vial_core::error_chain(&e), "cannot store chunk in the cache; it will be fetched again");
+            }
+            pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&d);
+            drop(budget);
+        });
         self.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes_fetched.fetch_add(len, Ordering::Relaxed);
         Ok(())

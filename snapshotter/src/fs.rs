@@ -119,7 +119,6 @@ impl Shared {
             let len = p.len as usize;
             match self
                 .fetcher
-                .cache()
                 .read_at(digest, p.offset, &mut buf[pos..pos + len])
             {
                 Ok(()) => {}
@@ -186,7 +185,7 @@ impl Shared {
         };
         for i in start..=last {
             let c = &self.chunks[file.chunks[i] as usize];
-            if self.fetcher.cache().contains_verified(&c.digest) {
+            if self.fetcher.available(&c.digest) {
                 continue;
             }
             let (me, digest, size) = (Arc::clone(self), c.digest.clone(), c.size);
@@ -307,8 +306,7 @@ impl Filesystem for VialFs {
         let cached = pieces.iter().all(|p| {
             shared
                 .fetcher
-                .cache()
-                .contains_verified(&shared.chunks[p.chunk as usize].digest)
+                .available(&shared.chunks[p.chunk as usize].digest)
         });
         if cached {
             match shared.assemble(&pieces) {
