@@ -164,7 +164,12 @@ impl Fetcher {
         size: u64,
         priority: Priority,
     ) -> Result<Ensured, FetchError> {
-        // Another reader may have fetched it while we waited, or another mount on the node.
+        // Another reader may have fetched it while we waited (it may still be on its way to the
+        // disk), or another mount on the node may have.
+        if self.available(digest) {
+            self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Ensured::AlreadyCached);
+        }
         let cache = Arc::clone(&self.cache);
         let d = digest.clone();
         let found = tokio::task::spawn_blocking(move || cache.adopt_existing(&d))
