@@ -85,6 +85,26 @@ impl SqlMetadataStore {
         })
     }
 
+    /// Deletes the row of `table` in `repo` whose `column` is `key`; says whether there was one.
+    /// Table and column names are always literals from this file, never input.
+    async fn delete_one(
+        &self,
+        table: &str,
+        column: &str,
+        repo: &RepoName,
+        key: &str,
+    ) -> Result<bool, StorageError> {
+        let sql = format!(
+            "DELETE FROM {table} WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND {column} = $2"
+        );
+        let done = sqlx::query(&sql)
+            .bind(repo.as_str())
+            .bind(key)
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Connects to PostgreSQL and brings the schema up to date; replicas starting at once take turns.
     pub async fn open_postgres(url: &str) -> Result<Self, StorageError> {
         sqlx::any::install_default_drivers();
@@ -280,15 +300,8 @@ impl MetadataStore for SqlMetadataStore {
     }
 
     async fn unlink_blob(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError> {
-        let done = sqlx::query(
-            "DELETE FROM repository_blobs
-              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND digest = $2",
-        )
-        .bind(repo.as_str())
-        .bind(digest.as_str())
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        self.delete_one("repository_blobs", "digest", repo, digest.as_str())
+            .await
     }
 
     async fn create_upload(&self, session: &UploadSession) -> Result<(), StorageError> {
@@ -516,27 +529,12 @@ impl MetadataStore for SqlMetadataStore {
         digest: &Digest,
     ) -> Result<bool, StorageError> {
         // Tags and reference rows go with it through ON DELETE CASCADE.
-        let done = sqlx::query(
-            "DELETE FROM manifests
-              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND digest = $2",
-        )
-        .bind(repo.as_str())
-        .bind(digest.as_str())
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        self.delete_one("manifests", "digest", repo, digest.as_str())
+            .await
     }
 
     async fn delete_tag(&self, repo: &RepoName, tag: &Tag) -> Result<bool, StorageError> {
-        let done = sqlx::query(
-            "DELETE FROM tags
-              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND name = $2",
-        )
-        .bind(repo.as_str())
-        .bind(tag.as_str())
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        self.delete_one("tags", "name", repo, tag.as_str()).await
     }
 
     async fn list_tags(
