@@ -189,9 +189,11 @@ impl Shared {
                 continue;
             }
             let (me, digest, size) = (Arc::clone(self), c.digest.clone(), c.size);
+            // A sequential reader asks for these next, in this order: they share the demand slots
+            // with its reads, so whole-volume prefetch (background) can never hold them up.
             self.runtime.spawn(async move {
                 if let Ok(Ensured::Downloaded) =
-                    me.fetcher.ensure(&digest, size, Priority::Background).await
+                    me.fetcher.ensure(&digest, size, Priority::Demand).await
                 {
                     me.stats.prefetched_chunks.fetch_add(1, Ordering::Relaxed);
                 }
