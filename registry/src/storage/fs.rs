@@ -276,10 +276,21 @@ fn publish(id: &str, from: &Path, to: &Path) -> Result<u64, StorageError> {
     let dir = to.parent().ok_or_else(|| {
         StorageError::Corrupt(format!("blob path {} has no parent", to.display()))
     })?;
+    let new_dir = !dir.exists();
     std::fs::create_dir_all(dir).map_err(|e| StorageError::io(dir, e))?;
     std::fs::rename(from, to).map_err(|e| StorageError::io(to, e))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StorageError::io(dir, e))?;
+    let sync_dir = |d: &Path| {
+        std::fs::File::open(d)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| StorageError::io(d, e))
+    };
+    sync_dir(dir)?;
+    // A prefix directory created just now must itself be durable in its parent, or the blob
+    // could vanish with it after a power loss.
+    if new_dir {
+        if let Some(parent) = dir.parent() {
+            sync_dir(parent)?;
+        }
+    }
     Ok(size)
 }
