@@ -469,7 +469,7 @@ fn a_malicious_tree_is_refused_and_nothing_is_written_outside() {
     let client = reqwest::blocking::Client::new();
     // A tree that tries to escape the destination, pushed by hand (vial push would never write it).
     let evil = serde_json::json!({
-        "format": 1,
+        "format": vial_core::volume::FORMAT_VERSION,
         "chunking": ChunkingInfo::v1(vial_core::chunking::DEFAULT_PARAMS),
         "chunks": [],
         "entries": [{"path": "../escaped.txt", "type": "file", "mode": 420, "size": 0, "chunks": []}]

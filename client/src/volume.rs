@@ -1,6 +1,7 @@
 //! Opening a sealed version: resolve a reference to its index, then fetch and validate its tree.
 
-use vial_core::volume::{tree_from_manifest, Tree, VolumeIndex};
+use futures_util::StreamExt;
+use vial_core::volume::{chunks_from_part, tree_from_manifest, Tree, VolumeIndex};
 use vial_core::{media, Digest, RepoName, Target};
 
 use crate::{ClientError, Registry};
@@ -13,8 +14,9 @@ pub struct Version {
     pub tree: Tree,
 }
 
-/// Resolves `target` (a tag is resolved once, here) and loads the version's tree: two requests when
-/// the index names its tree blob, three otherwise, whatever the volume's size.
+/// Resolves `target` (a tag is resolved once, here) and loads the version's tree and chunk table:
+/// the index, then the tree blob and the part manifests in one parallel wave (plus the tree
+/// manifest first when the index does not name the tree blob), whatever the volume's size.
 pub async fn open(
     registry: &Registry,
     repo: &RepoName,
@@ -48,8 +50,27 @@ pub async fn open(
             tree_from_manifest(&tm.bytes).map_err(|e| ClientError::InvalidVolume(e.to_string()))?
         }
     };
-    let tree_bytes = registry.get_blob(repo, &tree_digest, None).await?;
-    let tree = Tree::from_json(&tree_bytes)
+    // The tree blob and the part manifests (the chunk table) in one parallel wave.
+    let tree_fetch = registry.get_blob(repo, &tree_digest, None);
+    let part_fetches = futures_util::stream::iter(index.parts.iter())
+        .map(|p| async move {
+            let m = registry
+                .get_manifest(repo, &Target::Digest(p.digest.clone()))
+                .await?
+                .ok_or_else(|| {
+                    ClientError::InvalidVolume(format!("part manifest {} is missing", p.digest))
+                })?;
+            chunks_from_part(&m.bytes).map_err(|e| ClientError::InvalidVolume(e.to_string()))
+        })
+        .buffered(16)
+        .collect::<Vec<_>>();
+    let (tree_bytes, parts) = futures_util::future::join(tree_fetch, part_fetches).await;
+    let tree_bytes = tree_bytes?;
+    let mut chunks = Vec::new();
+    for part in parts {
+        chunks.extend(part?);
+    }
+    let tree = Tree::from_parts(&tree_bytes, chunks)
         .map_err(|e| ClientError::InvalidVolume(format!("{what}: {e}")))?;
     Ok(Version {
         digest: manifest.digest,

@@ -13,7 +13,7 @@ use crate::chunking::ChunkParams;
 use crate::manifest::{Descriptor, ImageIndex, ImageManifest};
 use crate::{media, Algorithm, Digest};
 
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const VOLUME_ARTIFACT_TYPE: &str = "application/vnd.vial.volume.v1";
 pub const TREE_ARTIFACT_TYPE: &str = "application/vnd.vial.tree.v1";
 pub const TREE_MEDIA_TYPE: &str = "application/vnd.vial.tree.v1+json";
@@ -27,9 +27,9 @@ pub const ANNOTATION_CHUNKS: &str = "dev.vial.volume.chunks";
 pub const ANNOTATION_TREE: &str = "dev.vial.volume.tree";
 
 /// A part manifest may end after this many chunks, at a content-defined point.
-pub const PART_MIN: usize = 1024;
-/// A part manifest always ends after this many chunks (~1.2 MB of JSON).
-pub const PART_MAX: usize = 8192;
+pub const PART_MIN: usize = 64;
+/// A part manifest always ends after this many chunks (~250 kB of JSON).
+pub const PART_MAX: usize = 2048;
 /// Longest path accepted, in bytes.
 pub const MAX_PATH: usize = 4096;
 
@@ -85,10 +85,16 @@ pub struct Entry {
 }
 
 /// The whole file tree of a version: what a mount needs before it can list a single directory.
+///
+/// The chunk table is not part of the tree blob: it is the concatenation of the part manifests'
+/// layers, so a new version re-sends only the parts that changed, and the tree blob stays a few
+/// dozen bytes per file whatever the file sizes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tree {
     pub format: u32,
     pub chunking: ChunkingInfo,
+    /// Distinct chunks in order of first use; stored as the layers of the part manifests.
+    #[serde(skip)]
     pub chunks: Vec<ChunkRef>,
     pub entries: Vec<Entry>,
 }
@@ -213,15 +219,18 @@ impl Tree {
         Ok(())
     }
 
-    /// Parses and validates a tree blob.
-    pub fn from_json(bytes: &[u8]) -> Result<Tree, TreeError> {
-        let tree: Tree =
+    /// Parses a tree blob, joins it with the chunk table read from the part manifests, and
+    /// validates the whole.
+    pub fn from_parts(bytes: &[u8], chunks: Vec<ChunkRef>) -> Result<Tree, TreeError> {
+        let mut tree: Tree =
             serde_json::from_slice(bytes).map_err(|e| TreeError::Json(e.to_string()))?;
+        tree.chunks = chunks;
         tree.validate()?;
         Ok(tree)
     }
 
-    /// The canonical serialisation: compact JSON, fields in declaration order.
+    /// The canonical serialisation of the tree blob: compact JSON, fields in declaration order,
+    /// without the chunk table (which the part manifests hold).
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
@@ -437,9 +446,9 @@ fn image_manifest(artifact_type: &str, layers: Vec<Descriptor>) -> Blob {
     Blob::new(serde_json::to_vec(&m).unwrap_or_default())
 }
 
-/// Whether a part manifest may end after this chunk: one digest in 2048.
+/// Whether a part manifest may end after this chunk: one digest in 256.
 fn is_part_boundary(digest: &Digest) -> bool {
-    digest.hex().starts_with("000") && matches!(digest.hex().as_bytes()[3], b'0'..=b'7')
+    digest.hex().starts_with("00")
 }
 
 /// Splits the chunk table into part-manifest-sized runs at content-defined points, so a new version
@@ -523,6 +532,8 @@ pub fn build_layout(tree: &Tree) -> Layout {
 #[derive(Debug, Clone)]
 pub struct VolumeIndex {
     pub index: ImageIndex,
+    /// The part manifests, in order: their layers, concatenated, are the chunk table.
+    pub parts: Vec<Descriptor>,
     /// The tree blob, if the index names it (saves one round trip).
     pub tree: Option<Digest>,
     /// The tree manifest's descriptor.
@@ -558,8 +569,15 @@ impl VolumeIndex {
             .as_ref()
             .and_then(|a| a.get(ANNOTATION_TREE))
             .and_then(|d| Digest::parse(d).ok());
+        let parts = index
+            .manifests
+            .iter()
+            .filter(|m| m.artifact_type.as_deref() == Some(CHUNKS_ARTIFACT_TYPE))
+            .cloned()
+            .collect();
         Ok(VolumeIndex {
             index,
+            parts,
             tree,
             tree_manifest,
         })
@@ -572,6 +590,28 @@ impl VolumeIndex {
             .and_then(|a| a.get(key))
             .map(String::as_str)
     }
+}
+
+/// The chunks a part manifest lists, in order.
+pub fn chunks_from_part(bytes: &[u8]) -> Result<Vec<ChunkRef>, VolumeError> {
+    let m: ImageManifest =
+        serde_json::from_slice(bytes).map_err(|e| VolumeError::Json(e.to_string()))?;
+    m.layers
+        .into_iter()
+        .map(|l| {
+            if l.media_type == CHUNK_MEDIA_TYPE {
+                Ok(ChunkRef {
+                    digest: l.digest,
+                    size: l.size,
+                })
+            } else {
+                Err(VolumeError::NotAVolume(format!(
+                    "part manifest has a {} layer",
+                    l.media_type
+                )))
+            }
+        })
+        .collect()
 }
 
 /// The tree blob's digest from a tree manifest.

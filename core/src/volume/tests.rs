@@ -75,8 +75,17 @@ fn builder_normalises_modes_adds_parents_and_shares_chunks() {
         })
         .collect();
     assert_eq!(modes, [0o644, 0o644, 0o755, 0o644]);
-    let round = Tree::from_json(&t.to_json()).unwrap();
+    let round = Tree::from_parts(&t.to_json(), t.chunks.clone()).unwrap();
     assert_eq!(round, t);
+    // The tree blob carries no per-chunk data: the part manifests do.
+    assert!(!String::from_utf8(t.to_json()).unwrap().contains("sha256:"));
+    let layout = build_layout(&t);
+    let from_parts: Vec<ChunkRef> = layout
+        .parts
+        .iter()
+        .flat_map(|p| chunks_from_part(&p.bytes).unwrap())
+        .collect();
+    assert_eq!(from_parts, t.chunks);
 }
 
 #[test]
@@ -99,10 +108,10 @@ fn hostile_paths_are_refused_by_the_builder() {
 }
 
 fn tampered(edit: impl Fn(&mut serde_json::Value)) -> Result<Tree, TreeError> {
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&sample(&[0, 1, 2, 3, 4, 5]).to_json()).unwrap();
+    let tree = sample(&[0, 1, 2, 3, 4, 5]);
+    let mut v: serde_json::Value = serde_json::from_slice(&tree.to_json()).unwrap();
     edit(&mut v);
-    Tree::from_json(&serde_json::to_vec(&v).unwrap())
+    Tree::from_parts(&serde_json::to_vec(&v).unwrap(), tree.chunks)
 }
 
 #[test]
@@ -141,15 +150,15 @@ fn malicious_trees_are_refused_by_readers() {
         Err(TreeError::ChunkIndex(_))
     ));
     assert!(matches!(
-        tampered(|v| v["format"] = 2.into()),
-        Err(TreeError::Format(2))
+        tampered(|v| v["format"] = 1.into()),
+        Err(TreeError::Format(1))
     ));
     assert!(matches!(
         tampered(|v| v["entries"][3]["target"] = "".into()),
         Err(TreeError::SymlinkTarget(_))
     ));
     assert!(matches!(
-        Tree::from_json(b"{\"format\":1"),
+        Tree::from_parts(b"{\"format\":2", Vec::new()),
         Err(TreeError::Json(_))
     ));
 }
