@@ -448,7 +448,7 @@ fn print_tables(r: &PushResults) {
         .collect();
     table(
         "Push to one vial serve (seconds = client start to exit; MB/s = checkpoint bytes / seconds; \
-         uploaded = delta of vial_bytes_received_total)",
+         uploaded = delta of vial_bytes_received_total + vial_manifest_bytes_received_total: blobs and manifests)",
         &[
             "case",
             "client",

@@ -62,8 +62,10 @@ struct Measured {
 }
 
 /// The registry's `vial_bytes_received_total`.
+/// Everything the registry received: blob bytes and manifest bytes, so metadata counts as upload.
 pub async fn bytes_received(server: &Server) -> Result<u64> {
-    counter(server, "vial_bytes_received_total").await
+    Ok(counter(server, "vial_bytes_received_total").await?
+        + counter(server, "vial_manifest_bytes_received_total").await?)
 }
 
 /// A counter from the registry's `/metrics`, e.g. `vial_bytes_sent_total`.

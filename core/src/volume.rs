@@ -27,7 +27,7 @@ pub const ANNOTATION_CHUNKS: &str = "dev.vial.volume.chunks";
 pub const ANNOTATION_TREE: &str = "dev.vial.volume.tree";
 
 /// A part manifest may end after this many chunks, at a content-defined point.
-pub const PART_MIN: usize = 64;
+pub const PART_MIN: usize = 16;
 /// A part manifest always ends after this many chunks (~250 kB of JSON).
 pub const PART_MAX: usize = 2048;
 /// Longest path accepted, in bytes.
@@ -446,9 +446,11 @@ fn image_manifest(artifact_type: &str, layers: Vec<Descriptor>) -> Blob {
     Blob::new(serde_json::to_vec(&m).unwrap_or_default())
 }
 
-/// Whether a part manifest may end after this chunk: one digest in 256.
+/// Whether a part manifest may end after this chunk: one digest in 64, so parts average ~80
+/// chunks (~10 kB): a change re-sends about that much manifest around it.
 fn is_part_boundary(digest: &Digest) -> bool {
-    digest.hex().starts_with("00")
+    let hex = digest.hex().as_bytes();
+    hex[0] == b'0' && matches!(hex[1], b'0'..=b'3')
 }
 
 /// Splits the chunk table into part-manifest-sized runs at content-defined points, so a new version

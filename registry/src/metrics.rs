@@ -10,6 +10,7 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(&'static str, String, u16), u64>>,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    manifest_bytes_in: AtomicU64,
 }
 
 impl Metrics {
@@ -22,6 +23,10 @@ impl Metrics {
 
     pub fn add_bytes_in(&self, n: u64) {
         self.bytes_in.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn add_manifest_bytes_in(&self, n: u64) {
+        self.manifest_bytes_in.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn add_bytes_out(&self, n: u64) {
@@ -49,6 +54,15 @@ impl Metrics {
             out,
             "vial_bytes_received_total {}",
             self.bytes_in.load(Ordering::Relaxed)
+        );
+        out.push_str(
+            "# HELP vial_manifest_bytes_received_total Manifest bytes received in pushes.\n",
+        );
+        out.push_str("# TYPE vial_manifest_bytes_received_total counter\n");
+        let _ = writeln!(
+            out,
+            "vial_manifest_bytes_received_total {}",
+            self.manifest_bytes_in.load(Ordering::Relaxed)
         );
         out.push_str("# HELP vial_bytes_sent_total Blob bytes sent in downloads.\n");
         out.push_str("# TYPE vial_bytes_sent_total counter\n");

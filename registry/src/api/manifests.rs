@@ -67,6 +67,7 @@ pub(super) async fn put(
     }
 
     let content = read_limited(body, limit).await?;
+    state.metrics.add_manifest_bytes_in(content.len() as u64);
     let summary = summarize(content_type.as_deref(), &content)
         .map_err(|e| ApiError::bad_request(ErrorCode::ManifestInvalid, e.to_string()))?;
     let algorithm = match target {
