@@ -34,6 +34,15 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[(
     include_str!("../../../migrations/postgres/0001_registry.sql"),
 )];
 
+/// The size of a blob if `$1` (a repository name) holds `$2` (a digest).
+const BLOB_SIZE_IN_REPO: &str = "SELECT b.size FROM repository_blobs rb
+       JOIN repositories r ON r.id = rb.repository_id
+       JOIN blobs b ON b.digest = rb.digest
+      WHERE r.name = $1 AND rb.digest = $2";
+
+/// Links blob `$2` into repository id `$1` at time `$3`; linking twice is a no-op.
+const LINK_BLOB: &str = "INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+
 /// An arbitrary constant: the advisory lock that serialises migrations of replicas starting at once.
 const MIGRATION_LOCK: i64 = 0x7669_616c_6d69_6772;
 
@@ -230,16 +239,11 @@ impl MetadataStore for SqlMetadataStore {
         repo: &RepoName,
         digest: &Digest,
     ) -> Result<Option<u64>, StorageError> {
-        let size: Option<i64> = sqlx::query_scalar(
-            "SELECT b.size FROM repository_blobs rb
-               JOIN repositories r ON r.id = rb.repository_id
-               JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = $1 AND rb.digest = $2",
-        )
-        .bind(repo.as_str())
-        .bind(digest.as_str())
-        .fetch_optional(&self.reader)
-        .await?;
+        let size: Option<i64> = sqlx::query_scalar(BLOB_SIZE_IN_REPO)
+            .bind(repo.as_str())
+            .bind(digest.as_str())
+            .fetch_optional(&self.reader)
+            .await?;
         Ok(size.map(|s| s as u64))
     }
 
@@ -258,7 +262,7 @@ impl MetadataStore for SqlMetadataStore {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+        sqlx::query(LINK_BLOB)
             .bind(repo_id)
             .bind(digest.as_str())
             .bind(now)
@@ -275,21 +279,16 @@ impl MetadataStore for SqlMetadataStore {
         digest: &Digest,
     ) -> Result<Option<u64>, StorageError> {
         let mut tx = self.writer.begin().await?;
-        let size: Option<i64> = sqlx::query_scalar(
-            "SELECT b.size FROM repository_blobs rb
-               JOIN repositories r ON r.id = rb.repository_id
-               JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = $1 AND rb.digest = $2",
-        )
-        .bind(from.as_str())
-        .bind(digest.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
+        let size: Option<i64> = sqlx::query_scalar(BLOB_SIZE_IN_REPO)
+            .bind(from.as_str())
+            .bind(digest.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
         let Some(size) = size else {
             return Ok(None);
         };
         let repo_id = repo_id_for_write(&mut tx, to).await?;
-        sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+        sqlx::query(LINK_BLOB)
             .bind(repo_id)
             .bind(digest.as_str())
             .bind(now_millis())
@@ -629,7 +628,7 @@ impl MetadataStore for SqlMetadataStore {
                     .fetch_optional(&mut *tx)
                     .await?;
             if known.is_some() {
-                sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                sqlx::query(LINK_BLOB)
                     .bind(repo_id)
                     .bind(digest.as_str())
                     .bind(now)
