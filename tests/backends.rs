@@ -32,9 +32,14 @@ fn two_replicas_over_one_database_behave_as_one_registry() {
     let blobs = dir.path().join("blobs");
     let a = Server::start_on(&blobs, &["--metadata-url", &url]);
     let b = Server::start_on(&blobs, &["--metadata-url", &url]);
+    replicas_behave_as_one(&a, &b, dir.path());
+}
 
+/// Push through one replica and pull through the other, split a chunked upload across them, and
+/// race 50 tag moves over both.
+pub fn replicas_behave_as_one(a: &Server, b: &Server, dir: &std::path::Path) {
     // Push a volume through one replica, pull it through the other.
-    let home = dir.path().join("home");
+    let home = dir.join("home");
     let src = home.join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("w.bin"), pseudo_random(9 << 20, 4)).unwrap();

@@ -16,6 +16,7 @@ mod crash;
 mod docker_registry;
 mod mount;
 mod oras;
+mod s3;
 mod serve;
 mod skopeo;
 mod volumes;

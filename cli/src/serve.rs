@@ -35,9 +35,17 @@ pub struct ServeArgs {
     #[arg(long, env = "VIAL_METADATA_URL", hide_env_values = true)]
     metadata_url: Option<String>,
 
-    /// Blob store: file://PATH (default: the data directory).
+    /// Blob store: file://PATH (default: the data directory) or
+    /// s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION&path-style=BOOL]. S3 credentials come from
+    /// the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, …) and
+    /// ~/.aws files, never from the URL.
     #[arg(long, env = "VIAL_BLOB_URL")]
     blob_url: Option<String>,
+
+    /// Answer blob downloads with a redirect to a presigned object-store URL (S3 only), so bytes
+    /// flow from the bucket to the client without passing through the registry.
+    #[arg(long, env = "VIAL_REDIRECT_BLOBS")]
+    redirect_blobs: bool,
 
     /// Largest manifest accepted, in bytes [default: 16777216].
     #[arg(long, env = "VIAL_MAX_MANIFEST_SIZE")]
@@ -46,6 +54,10 @@ pub struct ServeArgs {
     /// Discard upload sessions untouched for this long, e.g. 24h [default: 24h].
     #[arg(long, env = "VIAL_UPLOAD_TTL", value_parser = humantime::parse_duration)]
     upload_ttl: Option<Duration>,
+
+    /// How often to look for stale upload sessions and abandoned multipart uploads [default: 10m].
+    #[arg(long, env = "VIAL_JANITOR_INTERVAL", value_parser = humantime::parse_duration)]
+    janitor_interval: Option<Duration>,
 }
 
 /// The config file: the same settings as the flags. Unknown keys are an error, so a typo never
@@ -57,9 +69,12 @@ pub struct FileConfig {
     data: Option<PathBuf>,
     metadata_url: Option<String>,
     blob_url: Option<String>,
+    redirect_blobs: Option<bool>,
     max_manifest_size: Option<u64>,
     #[serde(default, with = "humantime_serde_opt")]
     upload_ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    janitor_interval: Option<Duration>,
 }
 
 /// `upload-ttl = "24h"` in the file.
@@ -102,12 +117,20 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
     if let Some(ttl) = args.upload_ttl.or(file.upload_ttl) {
         config.upload_ttl = ttl;
     }
+    if let Some(every) = args.janitor_interval.or(file.janitor_interval) {
+        anyhow::ensure!(
+            !every.is_zero(),
+            "--janitor-interval must be longer than 0s"
+        );
+        config.janitor_interval = every;
+    }
     if let Some(url) = args.metadata_url.as_ref().or(file.metadata_url.as_ref()) {
         config.metadata = MetadataBackend::from_url(url)?;
     }
     if let Some(url) = args.blob_url.as_ref().or(file.blob_url.as_ref()) {
         config.blobs = BlobBackend::from_url(url)?;
     }
+    config.redirect_blobs = args.redirect_blobs || file.redirect_blobs.unwrap_or(false);
     Ok((addr, config))
 }
 

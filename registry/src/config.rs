@@ -44,7 +44,7 @@ pub fn redact_url(url: &str) -> String {
 pub enum ConfigError {
     #[error("unsupported metadata URL {0:?}: use sqlite://PATH or postgres://USER:PASSWORD@HOST:PORT/DB")]
     MetadataUrl(String),
-    #[error("unsupported blob URL {0:?}: use file://PATH")]
+    #[error("unsupported blob URL {0:?}: use file://PATH or s3://BUCKET[/PREFIX][?endpoint=URL&region=R&path-style=true|false]")]
     BlobUrl(String),
 }
 
@@ -68,12 +68,17 @@ impl MetadataBackend {
 impl BlobBackend {
     /// Picks the backend from the URL scheme.
     pub fn from_url(url: &str) -> Result<Self, ConfigError> {
-        match url.strip_prefix("file://") {
-            Some(path) => Ok(BlobBackend::Filesystem {
+        if let Some(path) = url.strip_prefix("file://") {
+            return Ok(BlobBackend::Filesystem {
                 root: PathBuf::from(path),
-            }),
-            None => Err(ConfigError::BlobUrl(redact_url(url))),
+            });
         }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            return S3Location::parse(rest)
+                .map(BlobBackend::S3)
+                .ok_or_else(|| ConfigError::BlobUrl(redact_url(url)));
+        }
+        Err(ConfigError::BlobUrl(redact_url(url)))
     }
 }
 
@@ -82,6 +87,47 @@ impl BlobBackend {
 pub enum BlobBackend {
     /// A directory on the local filesystem.
     Filesystem { root: PathBuf },
+    /// A bucket (and key prefix) in an S3-compatible object store.
+    S3(S3Location),
+}
+
+/// `s3://BUCKET[/PREFIX][?endpoint=URL&region=REGION&path-style=true|false]`. Credentials never go
+/// in the URL: they come from the standard AWS environment variables and files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Location {
+    pub bucket: String,
+    pub prefix: String,
+    /// A custom endpoint (MinIO, Garage, R2, …); `AWS_ENDPOINT_URL` works too.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Path-style addressing; by default on exactly when a custom endpoint is set.
+    pub path_style: Option<bool>,
+}
+
+impl S3Location {
+    fn parse(rest: &str) -> Option<Self> {
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+        if bucket.is_empty() || bucket.contains('@') {
+            return None;
+        }
+        let mut location = S3Location {
+            bucket: bucket.to_owned(),
+            prefix: prefix.trim_matches('/').to_owned(),
+            endpoint: None,
+            region: None,
+            path_style: None,
+        };
+        for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+            match &*key {
+                "endpoint" => location.endpoint = Some(value.into_owned()),
+                "region" => location.region = Some(value.into_owned()),
+                "path-style" => location.path_style = Some(value.parse().ok()?),
+                _ => return None,
+            }
+        }
+        Some(location)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +140,8 @@ pub struct Config {
     pub upload_ttl: Duration,
     /// How often the janitor looks for stale upload sessions.
     pub janitor_interval: Duration,
+    /// Answer blob GETs with a redirect to a presigned URL of the object store, when it has them.
+    pub redirect_blobs: bool,
 }
 
 /// 16 MiB: four times the 4 MiB limit common registries enforce, so large volume indexes fit.
@@ -111,6 +159,7 @@ impl Config {
             max_manifest_size: DEFAULT_MAX_MANIFEST_SIZE,
             upload_ttl: Duration::from_secs(24 * 3600),
             janitor_interval: Duration::from_secs(600),
+            redirect_blobs: false,
         }
     }
 }
@@ -133,6 +182,23 @@ mod tests {
             Ok(BlobBackend::Filesystem {
                 root: PathBuf::from("/srv/vial")
             })
+        );
+        assert_eq!(
+            BlobBackend::from_url(
+                "s3://models/vial/prod?endpoint=http://127.0.0.1:9000&path-style=false"
+            ),
+            Ok(BlobBackend::S3(S3Location {
+                bucket: "models".into(),
+                prefix: "vial/prod".into(),
+                endpoint: Some("http://127.0.0.1:9000".into()),
+                region: None,
+                path_style: Some(false),
+            }))
+        );
+        assert!(BlobBackend::from_url("s3://").is_err());
+        assert!(
+            BlobBackend::from_url("s3://b?secret=x").is_err(),
+            "unknown options are refused"
         );
         let err = MetadataBackend::from_url("mongodb://u:hunter2@h/db")
             .unwrap_err()

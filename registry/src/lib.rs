@@ -23,7 +23,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 pub use config::{BlobBackend, Config, MetadataBackend};
-use storage::{BlobStore, FsBlobStore, MetadataStore, SqlMetadataStore, StorageError};
+use storage::{BlobStore, FsBlobStore, MetadataStore, S3BlobStore, SqlMetadataStore, StorageError};
 
 /// Shared state of every request handler.
 #[derive(Debug)]
@@ -52,6 +52,7 @@ pub async fn open_storage(
     };
     let blobs: Arc<dyn BlobStore> = match &config.blobs {
         BlobBackend::Filesystem { root } => Arc::new(FsBlobStore::open(root).await?),
+        BlobBackend::S3(location) => Arc::new(S3BlobStore::open(location).await?),
     };
     Ok((meta, blobs))
 }
@@ -122,17 +123,27 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// Ready when both stores answer: a load balancer stops sending requests to a replica that has lost
+/// either.
 async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
-    match state.meta.ping().await {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(e) => {
-            tracing::warn!(error = %error::error_chain(&e), "readiness check failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "metadata store unreachable\n",
-            )
-                .into_response()
-        }
+    let (meta, blobs) = tokio::join!(state.meta.ping(), state.blobs.ping());
+    let mut problems = Vec::new();
+    if let Err(e) = meta {
+        tracing::warn!(error = %error::error_chain(&e), "readiness: metadata store unreachable");
+        problems.push("metadata store unreachable");
+    }
+    if let Err(e) = blobs {
+        tracing::warn!(error = %error::error_chain(&e), "readiness: blob store unreachable");
+        problems.push("blob store unreachable");
+    }
+    if problems.is_empty() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", problems.join("\n")),
+        )
+            .into_response()
     }
 }
 
@@ -165,6 +176,14 @@ async fn janitor(state: Arc<AppState>) {
             }
             Err(e) => {
                 tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads")
+            }
+        }
+        let cutoff = std::time::SystemTime::now() - state.config.upload_ttl;
+        match state.blobs.sweep(cutoff).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "janitor removed abandoned upload data"),
+            Err(e) => {
+                tracing::warn!(error = %error::error_chain(&e), "janitor could not sweep the blob store")
             }
         }
     }

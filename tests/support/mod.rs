@@ -13,6 +13,7 @@ pub mod model;
 pub mod oci;
 pub mod postgres;
 pub mod proxy;
+pub mod s3;
 pub mod vial;
 
 /// The `vial` binary built for this test run.
@@ -83,12 +84,22 @@ impl Server {
         s
     }
 
-    /// Starts a registry on an existing data directory, with extra `vial serve` arguments.
+    /// Starts a registry on an existing data directory, with extra `vial serve` arguments. Unless
+    /// the arguments name the stores, they are the ones `VIAL_TEST_BACKEND` picks (see
+    /// [`matrix_args`]), so the whole suite can run against each backend combination.
     pub fn start_on(data: &Path, extra: &[&str]) -> Server {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(matrix_args(data, extra));
+        Server::start_with(data, &args, &matrix_env())
+    }
+
+    /// Starts a registry with exactly these arguments and extra environment.
+    pub fn start_with(data: &Path, args: &[String], env: &[(&'static str, String)]) -> Server {
         let mut child = Command::new(vial_bin())
             .args(["serve", "--addr", "127.0.0.1:0", "--data"])
             .arg(data)
-            .args(extra)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("VIAL_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -164,6 +175,75 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<std::process
             return None;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The backend combination the suite runs against: `VIAL_TEST_BACKEND` is `sqlite+fs` (the
+/// default), `postgres+fs`, `sqlite+s3` or `postgres+s3`. The servers come from the environment
+/// `scripts/test-all` sets up: `VIAL_TEST_POSTGRES_URL` (a superuser URL without a database) and
+/// `VIAL_TEST_S3_ENDPOINT` with the bucket `VIAL_TEST_S3_BUCKET` and the usual AWS variables.
+pub fn backend() -> (bool, bool) {
+    let name = std::env::var("VIAL_TEST_BACKEND").unwrap_or_else(|_| "sqlite+fs".into());
+    match name.as_str() {
+        "sqlite+fs" => (false, false),
+        "postgres+fs" => (true, false),
+        "sqlite+s3" => (false, true),
+        "postgres+s3" => (true, true),
+        other => panic!("unknown VIAL_TEST_BACKEND {other:?}"),
+    }
+}
+
+/// `--metadata-url` and `--blob-url` for a server on `data` under the selected backends, unless
+/// `extra` already names them. The same data directory always gets the same database and prefix
+/// (remembered in a file beside it), so a test can restart a server on its old state.
+fn matrix_args(data: &Path, extra: &[&str]) -> Vec<String> {
+    let (postgres, s3) = backend();
+    let memo = data.with_extension("backend");
+    if let Ok(saved) = std::fs::read_to_string(&memo) {
+        return saved.lines().map(str::to_owned).collect();
+    }
+    let id = format!("t{}", uuid::Uuid::new_v4().simple())[..13].to_owned();
+    let mut args = Vec::new();
+    if postgres && !extra.contains(&"--metadata-url") {
+        let base = std::env::var("VIAL_TEST_POSTGRES_URL")
+            .expect("VIAL_TEST_BACKEND uses postgres but VIAL_TEST_POSTGRES_URL is not set");
+        let out = Command::new("psql")
+            .args([
+                "-d",
+                &format!("{base}/postgres"),
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+            ])
+            .arg(format!("CREATE DATABASE {id}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "CREATE DATABASE failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        args.extend(["--metadata-url".to_owned(), format!("{base}/{id}")]);
+    }
+    if s3 && !extra.contains(&"--blob-url") {
+        let bucket = std::env::var("VIAL_TEST_S3_BUCKET")
+            .expect("VIAL_TEST_BACKEND uses s3 but VIAL_TEST_S3_BUCKET is not set");
+        args.extend(["--blob-url".to_owned(), format!("s3://{bucket}/{id}")]);
+    }
+    if !args.is_empty() {
+        if let Some(parent) = memo.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(&memo, args.join("\n")).unwrap();
+    }
+    args
+}
+
+/// The AWS environment for the shared S3 server of the backend matrix.
+fn matrix_env() -> Vec<(&'static str, String)> {
+    match std::env::var("VIAL_TEST_S3_ENDPOINT") {
+        Ok(endpoint) if backend().1 => s3::aws_env(&endpoint),
+        _ => Vec::new(),
     }
 }
 

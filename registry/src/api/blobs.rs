@@ -13,6 +13,10 @@ use crate::error::{ApiError, ErrorCode};
 use crate::storage::ByteRange;
 use crate::AppState;
 
+/// How long a presigned blob URL stays valid: long enough for a slow download to start, short
+/// enough that a leaked URL is soon useless.
+const REDIRECT_TTL: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
 pub(super) async fn get(
     state: &AppState,
     repo: &RepoName,
@@ -39,6 +43,16 @@ pub(super) async fn get(
         Some(r) => (StatusCode::PARTIAL_CONTENT, r.len()),
         None => (StatusCode::OK, size),
     };
+    if state.config.redirect_blobs && req.method == Method::GET {
+        // The client fetches from the object store directly, sending its Range header there.
+        if let Some(url) = state.blobs.presign_read(digest, REDIRECT_TTL).await? {
+            let mut response = StatusCode::TEMPORARY_REDIRECT.into_response();
+            set_header(&mut response, "location", &url);
+            set_header(&mut response, "docker-content-digest", digest.as_str());
+            set_header(&mut response, "content-length", "0");
+            return Ok(response);
+        }
+    }
     let body = if req.method == Method::HEAD {
         Body::empty()
     } else {

@@ -38,10 +38,16 @@ pub(super) async fn start(
         })?,
     };
     let monolithic = req.query.get("digest").map(parse_digest).transpose()?;
+    if let Some(digest) = &monolithic {
+        if let Some(len) = req.content_length().filter(|&l| l <= SMALL_PUT) {
+            return put_small(state, repo, digest, body, len).await;
+        }
+    }
 
     let id = uuid::Uuid::new_v4().to_string();
-    state.blobs.create_upload(&id).await?;
     let now = now_millis();
+    // The session row first: if the process dies before the store has the session, the janitor
+    // finds the row and cleans up; the other order could leave data no row names.
     state
         .meta
         .create_upload(&UploadSession {
@@ -51,6 +57,7 @@ pub(super) async fn start(
             updated_at: now,
         })
         .await?;
+    state.blobs.create_upload(&id).await?;
     state.sessions.start(
         &id,
         monolithic.as_ref().map_or(algorithm, Digest::algorithm),
@@ -80,6 +87,57 @@ pub(super) async fn start(
             Some(state.blobs.min_chunk_length()),
         )),
     }
+}
+
+/// Monolithic uploads up to this size are received in memory, verified and stored in one call,
+/// without an upload session: the common case of chunk pushes, where a session would cost more
+/// metadata writes (and object-store calls) than the bytes themselves.
+const SMALL_PUT: u64 = 16 * 1024 * 1024;
+
+async fn put_small(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    body: axum::body::Body,
+    len: u64,
+) -> Result<Response, ApiError> {
+    let bytes = axum::body::to_bytes(body, len as usize + 1)
+        .await
+        .map_err(|e| {
+            ApiError::bad_request(
+                ErrorCode::BlobUploadInvalid,
+                format!("upload was not received whole, nothing of it was kept: {e}"),
+            )
+        })?;
+    state.metrics.add_bytes_in(bytes.len() as u64);
+    if bytes.len() as u64 != len {
+        return Err(ApiError::bad_request(
+            ErrorCode::SizeInvalid,
+            format!("body has {} bytes but Content-Length is {len}", bytes.len()),
+        ));
+    }
+    let algorithm = digest.algorithm();
+    let (computed, bytes) = tokio::task::spawn_blocking(move || {
+        let computed = algorithm.digest_bytes(&bytes);
+        (computed, bytes)
+    })
+    .await
+    .map_err(|e| ApiError::from(StorageError::io("hash", std::io::Error::other(e))))?;
+    if &computed != digest {
+        return Err(digest_mismatch(digest, &computed));
+    }
+    state.blobs.put(digest, bytes).await?;
+    state.meta.commit_blob(repo, digest, len).await?;
+    tracing::info!(%repo, %digest, size = len, "blob committed");
+    Ok(created_blob(repo, digest))
+}
+
+fn digest_mismatch(given: &Digest, computed: &Digest) -> ApiError {
+    ApiError::bad_request(
+        ErrorCode::DigestInvalid,
+        format!("uploaded content has digest {computed}, not the {given} given"),
+    )
+    .with_detail(serde_json::json!({ "expected": given, "actual": computed }))
 }
 
 /// `GET /v2/<name>/blobs/uploads/<id>`: how much the session holds.
@@ -266,11 +324,7 @@ async fn commit(
         }
     };
     if &computed != digest {
-        return Err(ApiError::bad_request(
-            ErrorCode::DigestInvalid,
-            format!("uploaded content has digest {computed}, not the {digest} given"),
-        )
-        .with_detail(serde_json::json!({ "expected": digest, "actual": computed })));
+        return Err(digest_mismatch(digest, &computed));
     }
     let size = state.blobs.commit_upload(id, digest).await?;
     state.meta.commit_blob(repo, digest, size).await?;

@@ -1,6 +1,7 @@
 //! The blob store facade: content-addressed bytes, and upload sessions that become blobs.
 
 use std::pin::Pin;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -77,4 +78,41 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
 
     /// Discards a session's bytes. Missing sessions are not an error.
     async fn abort_upload(&self, id: &str) -> Result<(), StorageError>;
+
+    /// Stores a whole blob the caller holds in memory and has verified. Durable when it returns.
+    /// The default goes through a private upload session; stores that can write an object in one
+    /// call do so.
+    async fn put(&self, digest: &Digest, bytes: Bytes) -> Result<(), StorageError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        self.create_upload(&id).await?;
+        let body: ByteStream = Box::pin(futures_util::stream::once(async move { Ok(bytes) }));
+        let result = match self.append_upload(&id, 0, body).await {
+            Ok(_) => self.commit_upload(&id, digest).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            let _ = self.abort_upload(&id).await;
+        }
+        result
+    }
+
+    /// Removes leftovers of uploads that a crash interrupted before `older_than` and that no upload
+    /// session names (multipart uploads, for object stores). Returns how many it removed.
+    async fn sweep(&self, _older_than: SystemTime) -> Result<u64, StorageError> {
+        Ok(0)
+    }
+
+    /// Whether the store is reachable, for readiness checks.
+    async fn ping(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    /// A URL a client can GET the blob from directly for `expires_in`, if the store offers one.
+    async fn presign_read(
+        &self,
+        _digest: &Digest,
+        _expires_in: Duration,
+    ) -> Result<Option<String>, StorageError> {
+        Ok(None)
+    }
 }

@@ -8,6 +8,7 @@
 mod blob;
 mod fs;
 mod metadata;
+mod s3;
 mod sql;
 
 pub use blob::{BlobStore, ByteRange, ByteStream};
@@ -16,6 +17,7 @@ pub use metadata::{
     CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, TagPrecondition,
     UploadSession, VersionRow,
 };
+pub use s3::S3BlobStore;
 pub use sql::{Dialect, SqlMetadataStore};
 
 /// A failure of a storage backend. These are internal: they are logged in full and reach clients
@@ -44,6 +46,14 @@ pub enum StorageError {
     },
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
+    #[error("object store {op} on {key}: {message}")]
+    S3 {
+        op: &'static str,
+        key: String,
+        message: String,
+        /// The store could not be reached or was overloaded, rather than refusing the request.
+        unavailable: bool,
+    },
 }
 
 impl StorageError {
@@ -65,6 +75,7 @@ impl StorageError {
                 source.kind(),
                 std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
             ),
+            StorageError::S3 { unavailable, .. } => *unavailable,
             _ => false,
         }
     }
