@@ -9,6 +9,7 @@
 
 mod support;
 
+mod auth;
 mod backends;
 mod bad_input;
 mod conformance;

@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
-use vial_registry::config::DEFAULT_MAX_MANIFEST_SIZE;
+use vial_registry::auth::AuthSettings;
+use vial_registry::config::{TlsFiles, DEFAULT_MAX_MANIFEST_SIZE};
 use vial_registry::{BlobBackend, Config, MetadataBackend};
 
 #[derive(Debug, Args)]
@@ -58,6 +59,24 @@ pub struct ServeArgs {
     /// How often to look for stale upload sessions and abandoned multipart uploads [default: 10m].
     #[arg(long, env = "VIAL_JANITOR_INTERVAL", value_parser = humantime::parse_duration)]
     janitor_interval: Option<Duration>,
+
+    /// Turn on token authentication with the users of this htpasswd file (bcrypt, `htpasswd -B`).
+    /// Without `[auth] rules` in the config file, signed-in users may do everything and anonymous
+    /// clients nothing.
+    #[arg(long, env = "VIAL_HTPASSWD")]
+    htpasswd: Option<PathBuf>,
+
+    /// File with the key that signs tokens (32+ random bytes). Replicas must share it.
+    #[arg(long, env = "VIAL_TOKEN_KEY_FILE")]
+    token_key_file: Option<PathBuf>,
+
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, env = "VIAL_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "VIAL_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 /// The config file: the same settings as the flags. Unknown keys are an error, so a typo never
@@ -75,6 +94,25 @@ pub struct FileConfig {
     upload_ttl: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
     janitor_interval: Option<Duration>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    auth: Option<FileAuth>,
+}
+
+/// The `[auth]` table: present means authentication is on.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileAuth {
+    service: Option<String>,
+    realm: Option<String>,
+    htpasswd: Option<PathBuf>,
+    token_key_file: Option<PathBuf>,
+    #[serde(default, with = "humantime_serde_opt")]
+    token_ttl: Option<Duration>,
+    #[serde(default)]
+    users: Vec<vial_registry::auth::UserEntry>,
+    #[serde(default)]
+    rules: Vec<vial_registry::auth::Rule>,
 }
 
 /// `upload-ttl = "24h"` in the file.
@@ -131,6 +169,25 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
         config.blobs = BlobBackend::from_url(url)?;
     }
     config.redirect_blobs = args.redirect_blobs || file.redirect_blobs.unwrap_or(false);
+    if let (Some(cert), Some(key)) = (
+        args.tls_cert.clone().or(file.tls_cert),
+        args.tls_key.clone().or(file.tls_key),
+    ) {
+        config.tls = Some(TlsFiles { cert, key });
+    }
+    if file.auth.is_some() || args.htpasswd.is_some() {
+        let from_file = file.auth.unwrap_or_default();
+        let defaults = AuthSettings::default();
+        config.auth = Some(AuthSettings {
+            service: from_file.service.unwrap_or(defaults.service),
+            realm: from_file.realm,
+            htpasswd: args.htpasswd.clone().or(from_file.htpasswd),
+            users: from_file.users,
+            rules: from_file.rules,
+            token_key_file: args.token_key_file.clone().or(from_file.token_key_file),
+            token_ttl: from_file.token_ttl.unwrap_or(defaults.token_ttl),
+        });
+    }
     Ok((addr, config))
 }
 
@@ -153,7 +210,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // the server without polling.
         #[allow(clippy::print_stdout)]
         {
-            println!("vial registry listening on http://{local}");
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            println!("vial registry listening on {scheme}://{local}");
         }
         tracing::info!(metadata = ?config.metadata, blobs = ?config.blobs, "opening storage");
         vial_registry::serve(config, listener, shutdown_signal())
@@ -208,6 +270,15 @@ mod tests {
             .metadata_url
             .as_deref()
             .is_some_and(|u| u.starts_with("postgres://")));
+        let auth = file
+            .auth
+            .as_ref()
+            .expect("the example shows authentication");
+        assert!(!auth.rules.is_empty());
+        let (_, config) = resolve(&Cli::parse_from(["x"]).serve, file).unwrap();
+        assert!(matches!(config.blobs, BlobBackend::S3(_)));
+        let auth = config.auth.expect("auth on");
+        assert!(!format!("{auth:?}").contains("$2y$"), "hashes never print");
     }
 
     #[test]

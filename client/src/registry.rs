@@ -195,12 +195,15 @@ impl Registry {
                 service,
                 scope: asked,
             }) => {
+                // Ask for what this operation will need as well as what the registry asked for
+                // (the request at hand may need less than the ones that follow: an existence
+                // check before a push), so one token serves the whole operation.
+                let mut scopes = vec![scope];
+                if let Some(asked) = asked.as_deref().filter(|a| *a != scope) {
+                    scopes.push(asked);
+                }
                 let token = self
-                    .fetch_token(
-                        &realm,
-                        service.as_deref(),
-                        asked.as_deref().unwrap_or(scope),
-                    )
+                    .fetch_token(&realm, service.as_deref(), &scopes)
                     .await?;
                 if let Ok(mut tokens) = self.inner.tokens.lock() {
                     tokens.insert(scope.to_owned(), token);
@@ -247,9 +250,12 @@ impl Registry {
         &self,
         realm: &str,
         service: Option<&str>,
-        scope: &str,
+        scopes: &[&str],
     ) -> Result<String, ClientError> {
-        let mut request = self.inner.http.get(realm).query(&[("scope", scope)]);
+        let mut request = self.inner.http.get(realm);
+        for scope in scopes {
+            request = request.query(&[("scope", scope)]);
+        }
         if let Some(service) = service {
             request = request.query(&[("service", service)]);
         }
@@ -307,11 +313,20 @@ impl Registry {
             StatusCode::UNAUTHORIZED => ClientError::Unauthorized {
                 registry: self.inner.host.clone(),
             },
-            StatusCode::FORBIDDEN => ClientError::Denied(if message.is_empty() {
-                action.to_owned()
-            } else {
-                message
-            }),
+            StatusCode::FORBIDDEN => {
+                let mut why = if message.is_empty() {
+                    action.to_owned()
+                } else {
+                    message
+                };
+                if self.inner.credentials.is_none() {
+                    why.push_str(&format!(
+                        " (you are not logged in to {0}: run `vial login {0}`)",
+                        self.inner.host
+                    ));
+                }
+                ClientError::Denied(why)
+            }
             StatusCode::NOT_FOUND if code == "NAME_UNKNOWN" => {
                 ClientError::RepositoryNotFound(action.to_owned())
             }

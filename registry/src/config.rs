@@ -142,6 +142,16 @@ pub struct Config {
     pub janitor_interval: Duration,
     /// Answer blob GETs with a redirect to a presigned URL of the object store, when it has them.
     pub redirect_blobs: bool,
+    /// Token authentication; `None` serves everyone everything (the embedded default on loopback).
+    pub auth: Option<crate::auth::AuthSettings>,
+    /// Serve HTTPS with this certificate chain and key (PEM files).
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// 16 MiB: four times the 4 MiB limit common registries enforce, so large volume indexes fit.
@@ -160,6 +170,8 @@ impl Config {
             upload_ttl: Duration::from_secs(24 * 3600),
             janitor_interval: Duration::from_secs(600),
             redirect_blobs: false,
+            auth: None,
+            tls: None,
         }
     }
 }

@@ -6,8 +6,10 @@
 //! [`storage::BlobStore`] and [`storage::MetadataStore`] traits.
 
 mod api;
+pub mod auth;
 pub mod config;
 pub mod error;
+mod listener;
 mod metrics;
 pub mod route;
 pub mod storage;
@@ -33,6 +35,7 @@ pub struct AppState {
     pub(crate) config: Config,
     pub(crate) sessions: api::Sessions,
     pub(crate) metrics: Arc<metrics::Metrics>,
+    pub(crate) auth: Option<auth::Auth>,
 }
 
 /// Opens the backends named by the configuration. This is the one place that picks implementations.
@@ -62,21 +65,24 @@ pub fn app(
     config: Config,
     meta: Arc<dyn MetadataStore>,
     blobs: Arc<dyn BlobStore>,
-) -> (Router, Arc<AppState>) {
+) -> Result<(Router, Arc<AppState>), ServeError> {
+    let auth = config.auth.clone().map(auth::Auth::load).transpose()?;
     let state = Arc::new(AppState {
         meta,
         blobs,
         config,
         sessions: api::Sessions::default(),
         metrics: Arc::new(metrics::Metrics::default()),
+        auth,
     });
     let router = Router::new()
+        .route("/token", get(api::token).post(api::token))
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready_handler))
         .fallback(api::dispatch)
         .with_state(Arc::clone(&state));
-    (router, state)
+    Ok((router, state))
 }
 
 /// Runs the registry on `listener` until `shutdown` completes, then finishes in-flight requests.
@@ -86,24 +92,52 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let (meta, blobs) = open_storage(&config).await?;
-    let (router, state) = app(config, meta, blobs);
+    let (router, state) = app(config, meta, blobs)?;
     let janitor = tokio::spawn(janitor(Arc::clone(&state)));
     let addr = listener.local_addr().map_err(ServeError::Listen)?;
     tracing::info!(%addr, "registry listening");
-    // Small responses (manifests, tree blobs) must not wait for Nagle's algorithm to meet the
-    // client's delayed ACK: that costs ~40 ms on a reused connection.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    let service = router.into_make_service_with_connect_info::<ClientAddr>();
+    let result = match &state.config.tls {
+        Some(files) => {
+            let config = listener::server_config(files).map_err(ServeError::Tls)?;
+            let listener =
+                listener::TlsListener::new(listener, config).map_err(ServeError::Listen)?;
+            tracing::info!(cert = %files.cert.display(), "serving HTTPS");
+            axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown)
+                .await
         }
-    });
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServeError::Listen);
+        None => {
+            axum::serve(listener::PlainListener(listener), service)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
+    .map_err(ServeError::Listen);
     janitor.abort();
     tracing::info!("registry stopped");
     result
+}
+
+/// The client's address, for handlers that need it (the token endpoint's failure counting).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientAddr(pub std::net::SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, listener::TlsListener>>
+    for ClientAddr
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, listener::TlsListener>) -> Self {
+        ClientAddr(*stream.remote_addr())
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, listener::PlainListener>>
+    for ClientAddr
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, listener::PlainListener>) -> Self {
+        ClientAddr(*stream.remote_addr())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +146,10 @@ pub enum ServeError {
     Storage(#[from] StorageError),
     #[error("http server")]
     Listen(#[source] std::io::Error),
+    #[error("authentication settings")]
+    Auth(#[from] auth::AuthConfigError),
+    #[error("TLS certificate or key")]
+    Tls(#[source] std::io::Error),
 }
 
 async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {

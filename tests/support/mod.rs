@@ -111,7 +111,7 @@ impl Server {
         BufReader::new(stdout).read_line(&mut line).unwrap();
         let addr = line
             .trim()
-            .rsplit("http://")
+            .rsplit("://")
             .next()
             .filter(|a| a.contains(':'))
             .unwrap_or_else(|| panic!("unexpected first line from vial serve: {line:?}"))

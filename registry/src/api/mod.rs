@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 pub use sessions::Sessions;
 
+use crate::auth::{Action, Need};
 use crate::error::{ApiError, ErrorCode};
 use crate::route::{self, Endpoint};
 use crate::AppState;
@@ -93,14 +94,17 @@ pub(crate) async fn dispatch(
             Some(Err(e)) => ("invalid", e.into_response()),
             Some(Ok(endpoint)) => {
                 let label = endpoint.label();
-                let request = Request {
+                let mut request = Request {
                     method: method.clone(),
                     query: Query::parse(uri.query()),
                     headers,
                 };
-                let response = handle(&state, endpoint, request, body)
-                    .await
-                    .unwrap_or_else(IntoResponse::into_response);
+                let response = match authorize(&state, &endpoint, &mut request) {
+                    Ok(()) => handle(&state, endpoint, request, body)
+                        .await
+                        .unwrap_or_else(IntoResponse::into_response),
+                    Err(e) => e.into_response(),
+                };
                 (label, response)
             }
         };
@@ -122,6 +126,145 @@ pub(crate) async fn dispatch(
     }
     .instrument(span)
     .await
+}
+
+/// What an endpoint needs from the caller's token.
+fn need(endpoint: &Endpoint, method: &Method) -> Need {
+    let repo = |r: &vial_core::RepoName, action| Need::Repository(r.to_string(), action);
+    match endpoint {
+        Endpoint::Base => Need::SignedIn,
+        Endpoint::Catalog => Need::Catalog,
+        Endpoint::Manifest(r, _) | Endpoint::Blob(r, _) if *method == Method::DELETE => {
+            repo(r, Action::Delete)
+        }
+        Endpoint::Manifest(r, _) if *method == Method::PUT => repo(r, Action::Push),
+        Endpoint::UploadStart(r) | Endpoint::Upload(r, _) => repo(r, Action::Push),
+        Endpoint::Manifest(r, _)
+        | Endpoint::Blob(r, _)
+        | Endpoint::TagsList(r)
+        | Endpoint::Referrers(r, _)
+        | Endpoint::BlobsPresent(r)
+        | Endpoint::Versions(r) => repo(r, Action::Pull),
+    }
+}
+
+/// Checks the caller's token when authentication is on. A cross-repository mount also needs pull
+/// access to the source; without it the mount is dropped and the client gets an ordinary upload
+/// session, as the spec allows, so no blob leaks between repositories.
+fn authorize(state: &AppState, endpoint: &Endpoint, req: &mut Request) -> Result<(), ApiError> {
+    let Some(auth) = &state.auth else {
+        return Ok(());
+    };
+    let realm = format!(
+        "{}://{}/token",
+        if state.config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
+        req.header("host").unwrap_or("localhost")
+    );
+    let authorization = req.header("authorization").map(str::to_owned);
+    auth.authorize(
+        authorization.as_deref(),
+        &need(endpoint, &req.method),
+        &realm,
+    )?;
+    if let (Endpoint::UploadStart(_), Some(from)) = (endpoint, req.query.get("from")) {
+        let source = Need::Repository(from.to_owned(), Action::Pull);
+        if auth
+            .authorize(authorization.as_deref(), &source, &realm)
+            .is_err()
+        {
+            req.query.0.retain(|(k, _)| k != "mount" && k != "from");
+        }
+    }
+    Ok(())
+}
+
+/// `GET /token` (HTTP Basic credentials, `?scope=` repeated) and `POST /token` (the OAuth2 password
+/// grant): the token endpoint of the Docker token flow.
+pub(crate) async fn token(
+    State(state): State<Arc<AppState>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<crate::ClientAddr>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(auth) = &state.auth else {
+        return ApiError::not_found(
+            ErrorCode::Unsupported,
+            "authentication is off: no token is needed",
+        )
+        .into_response();
+    };
+    let query = Query::parse(uri.query());
+    let (credentials, scopes, service) = if method == Method::POST {
+        let form = Query::parse(std::str::from_utf8(&body).ok());
+        if form.get("grant_type") != Some("password") {
+            return ApiError::bad_request(
+                ErrorCode::Unsupported,
+                "only grant_type=password is supported; or GET with HTTP Basic credentials",
+            )
+            .into_response();
+        }
+        let credentials = form
+            .get("username")
+            .zip(form.get("password"))
+            .map(|(u, p)| (u.to_owned(), p.to_owned()));
+        let scopes = form
+            .get("scope")
+            .map(|s| s.split(' ').map(str::to_owned).collect())
+            .unwrap_or_default();
+        (credentials, scopes, form.get("service").map(str::to_owned))
+    } else {
+        let credentials = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(basic_credentials);
+        let scopes = query
+            .all("scope")
+            .flat_map(|s| s.split(' '))
+            .map(str::to_owned)
+            .collect();
+        (credentials, scopes, query.get("service").map(str::to_owned))
+    };
+    if let Some(service) = service.filter(|s| s != auth.service()) {
+        return ApiError::bad_request(
+            ErrorCode::Denied,
+            format!(
+                "this registry issues tokens for service {:?}, not {service:?}",
+                auth.service()
+            ),
+        )
+        .into_response();
+    }
+    match auth.token(credentials, scopes, peer.0.ip()).await {
+        Ok(json) => (
+            [
+                ("content-type", "application/json"),
+                ("cache-control", "no-store"),
+            ],
+            json.to_string(),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `Basic base64(user:password)`.
+fn basic_credentials(header: &str) -> Option<(String, String)> {
+    use base64::Engine;
+    let encoded = header
+        .strip_prefix("Basic ")
+        .or_else(|| header.strip_prefix("basic "))?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (user, password) = text.split_once(':')?;
+    Some((user.to_owned(), password.to_owned()))
 }
 
 async fn handle(
