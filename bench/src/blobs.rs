@@ -88,10 +88,11 @@ pub async fn pull(client: &Client, base: &Url, repo: &str, blob: &Blob) -> Resul
 }
 
 /// Runs `op` once per blob with `concurrency` clients taking blobs from a shared queue; returns
-/// MB/s over the wall time of the whole batch.
+/// MB/s over the wall time of the whole batch. `op` gets the client's number, so clients can be
+/// spread over several replicas.
 async fn batch<F, Fut>(blobs: &Arc<[Blob]>, concurrency: usize, op: F) -> Result<f64>
 where
-    F: Fn(Client, Blob) -> Fut + Clone + Send + 'static,
+    F: Fn(Client, usize, Blob) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<()>> + Send + 'static,
 {
     let total: u64 = blobs.iter().map(Blob::len).sum();
@@ -101,11 +102,11 @@ where
         .collect::<Result<Vec<_>>>()?;
     let started = Instant::now();
     let mut workers = JoinSet::new();
-    for client in clients {
+    for (n, client) in clients.into_iter().enumerate() {
         let (blobs, next, op) = (Arc::clone(blobs), Arc::clone(&next), op.clone());
         workers.spawn(async move {
             while let Some(blob) = blobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                op(client.clone(), blob.clone()).await?;
+                op(client.clone(), n, blob.clone()).await?;
             }
             Ok::<(), anyhow::Error>(())
         });
@@ -116,15 +117,16 @@ where
     Ok(mb_per_s(total, started.elapsed()))
 }
 
+/// Pushes every blob; client `n` talks to `bases[n % bases.len()]`.
 pub async fn push_all(
-    base: &Url,
+    bases: &[Url],
     repo: &str,
     blobs: &Arc<[Blob]>,
     concurrency: usize,
 ) -> Result<f64> {
-    let (base, repo) = (base.clone(), repo.to_string());
-    batch(blobs, concurrency, move |client, blob| {
-        let (base, repo) = (base.clone(), repo.clone());
+    let (bases, repo): (Arc<[Url]>, String) = (bases.into(), repo.to_string());
+    batch(blobs, concurrency, move |client, n, blob| {
+        let (base, repo) = (bases[n % bases.len()].clone(), repo.clone());
         async move {
             let len = blob.len();
             push(&client, &base, &repo, &blob.digest, blob.data.into(), len).await
@@ -133,15 +135,16 @@ pub async fn push_all(
     .await
 }
 
+/// Pulls every blob; client `n` talks to `bases[n % bases.len()]`.
 pub async fn pull_all(
-    base: &Url,
+    bases: &[Url],
     repo: &str,
     blobs: &Arc<[Blob]>,
     concurrency: usize,
 ) -> Result<f64> {
-    let (base, repo) = (base.clone(), repo.to_string());
-    batch(blobs, concurrency, move |client, blob| {
-        let (base, repo) = (base.clone(), repo.clone());
+    let (bases, repo): (Arc<[Url]>, String) = (bases.into(), repo.to_string());
+    batch(blobs, concurrency, move |client, n, blob| {
+        let (base, repo) = (bases[n % bases.len()].clone(), repo.clone());
         async move { pull(&client, &base, &repo, &blob).await }
     })
     .await

@@ -4,6 +4,7 @@
 //! `vial pull`, skopeo and local disk (`mount`). See bench/README.md.
 #![allow(clippy::print_stdout)]
 
+mod backends;
 mod blobs;
 mod ceiling;
 mod checkpoint;
@@ -36,6 +37,8 @@ enum Command {
     Registry(RegistryArgs),
     /// Checkpoint push: vial vs the ORAS Python SDK vs skopeo, first push and three re-pushes.
     Push(push::PushArgs),
+    /// The registry on PostgreSQL + S3 and on two replicas, against SQLite + filesystem.
+    Backends(backends::BackendsArgs),
     /// `vial mount`: mount time, time to first tensor, cold and warm full reads against
     /// `vial pull`, skopeo and local disk, and the mount process's memory.
     Mount(mount::MountArgs),
@@ -139,6 +142,7 @@ fn main() -> Result<()> {
                 Command::Registry(args) => run::registry(args).await,
                 Command::Push(args) => push::push(args).await,
                 Command::Mount(args) => mount::mount(args).await,
+                Command::Backends(args) => backends::backends(args).await,
             }
         };
         tokio::select! {

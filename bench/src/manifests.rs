@@ -118,9 +118,10 @@ async fn one_client(
     Ok((puts, gets))
 }
 
-/// `clients` concurrent clients, each doing `per_client` PUTs then `per_client` GETs.
+/// `clients` concurrent clients, each doing `per_client` PUTs then `per_client` GETs; client `c`
+/// talks to `bases[c % bases.len()]`.
 pub async fn measure(
-    base: &Url,
+    bases: &[Url],
     repo: &str,
     layer: &Blob,
     clients: usize,
@@ -137,8 +138,9 @@ pub async fn measure(
     let repo: Arc<str> = Arc::from(repo);
     let started = Instant::now();
     let mut tasks = JoinSet::new();
-    for ms in work {
-        tasks.spawn(one_client(base.clone(), Arc::clone(&repo), ms));
+    for (c, ms) in work.into_iter().enumerate() {
+        let base = bases[c % bases.len()].clone();
+        tasks.spawn(one_client(base, Arc::clone(&repo), ms));
     }
     let (mut puts, mut gets) = (Vec::new(), Vec::new());
     while let Some(done) = tasks.join_next().await {

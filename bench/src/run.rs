@@ -137,7 +137,7 @@ pub async fn registry(args: RegistryArgs) -> Result<()> {
             let repo = format!("bench/blobs-{}", c.size >> 20);
             let mbs = keep(
                 "push",
-                blobs::push_all(&srv.base, &repo, blobs, c.concurrency).await,
+                blobs::push_all(std::slice::from_ref(&srv.base), &repo, blobs, c.concurrency).await,
             );
             *slot(&mut row.mb_s, side) = mbs;
             *slot(&mut row.runs, side) = Some(mbs.into_iter().collect());
@@ -159,7 +159,8 @@ pub async fn registry(args: RegistryArgs) -> Result<()> {
                 let repo = format!("bench/blobs-{}", c.size >> 20);
                 runs[side].extend(keep(
                     "pull",
-                    blobs::pull_all(&srv.base, &repo, blobs, c.concurrency).await,
+                    blobs::pull_all(std::slice::from_ref(&srv.base), &repo, blobs, c.concurrency)
+                        .await,
                 ));
             }
         }
@@ -231,7 +232,7 @@ pub async fn registry(args: RegistryArgs) -> Result<()> {
         let measured = async {
             manifests::prepare(&srv.base, repo, &layer).await?;
             manifests::measure(
-                &srv.base,
+                std::slice::from_ref(&srv.base),
                 repo,
                 &layer,
                 plan.manifest_clients,

@@ -60,7 +60,7 @@ impl Server {
     }
 
     /// Polls `path` until the server answers anything over HTTP.
-    async fn wait_ready(&mut self, path: &str) -> Result<()> {
+    pub async fn wait_ready(&mut self, path: &str) -> Result<()> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(2))
@@ -99,11 +99,11 @@ pub fn log_tail(path: &Path) -> String {
     s
 }
 
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn spawn(name: &'static str, cmd: &mut Command, dir: &Path, base: Url) -> Result<Server> {
+pub fn spawn(name: &'static str, cmd: &mut Command, dir: &Path, base: Url) -> Result<Server> {
     let log = File::create(dir.join("stderr.log"))?;
     let child = cmd
         .stdin(Stdio::null())
@@ -120,10 +120,22 @@ fn spawn(name: &'static str, cmd: &mut Command, dir: &Path, base: Url) -> Result
 
 /// `vial serve --addr 127.0.0.1:0 --data DIR/data`, reading the address from its stdout line.
 pub fn start_vial(bin: &Path, dir: &Path) -> Result<Server> {
+    start_vial_with(bin, dir, &[], &[])
+}
+
+/// `vial serve` with extra arguments (other backends) and environment (S3 credentials).
+pub fn start_vial_with(
+    bin: &Path,
+    dir: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+) -> Result<Server> {
     fs::create_dir_all(dir)?;
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--addr", "127.0.0.1:0", "--data"])
         .arg(dir.join("data"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("VIAL_LOG", "warn")
         .stdout(Stdio::piped());
     let mut server = spawn("vial", &mut cmd, dir, Url::parse("http://127.0.0.1/")?)?;

@@ -75,11 +75,16 @@ impl Request {
 pub(crate) async fn dispatch(
     State(state): State<Arc<AppState>>,
     method: Method,
+    version: axum::http::Version,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
+    let sent_body = headers
+        .get("content-length")
+        .is_some_and(|v| v.as_bytes() != b"0")
+        || headers.contains_key("transfer-encoding");
     let span = tracing::info_span!("request", %method, path = %uri.path());
     async move {
         let (label, mut response) = match route::parse(uri.path()) {
@@ -113,6 +118,14 @@ pub(crate) async fn dispatch(
             HeaderValue::from_static("registry/2.0"),
         );
         let status = response.status();
+        if sent_body && status.as_u16() >= 400 && version < axum::http::Version::HTTP_2 {
+            // An error may answer before the body was read (a chunk out of order, a denied push).
+            // The server then drops the connection; saying so keeps the client from sending its
+            // next request down a connection that is about to close.
+            response
+                .headers_mut()
+                .insert("connection", HeaderValue::from_static("close"));
+        }
         state
             .metrics
             .record_request(label, method.as_str(), status.as_u16());
@@ -336,7 +349,14 @@ pub(crate) fn append_header(response: &mut Response, name: &'static str, value: 
 }
 
 #[cfg(test)]
-fn _dispatch_is_send(state: State<Arc<AppState>>, m: Method, u: Uri, h: HeaderMap, b: Body) {
+fn _dispatch_is_send(
+    state: State<Arc<AppState>>,
+    m: Method,
+    v: axum::http::Version,
+    u: Uri,
+    h: HeaderMap,
+    b: Body,
+) {
     fn is_send<T: Send>(_: T) {}
-    is_send(dispatch(state, m, u, h, b));
+    is_send(dispatch(state, m, v, u, h, b));
 }

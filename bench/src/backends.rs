@@ -1,0 +1,353 @@
+//! The `backends` benchmark: the same registry workload on the embedded default (SQLite +
+//! filesystem), on PostgreSQL + S3 (s3s-fs), and on two PostgreSQL + S3 replicas side by side.
+//! Push and pull throughput and manifest latency, printed as ratios against the embedded default.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use reqwest::Url;
+use serde::Serialize;
+
+use crate::data::{self, Blob};
+use crate::manifests::{self, Latency};
+use crate::run::{machine, sync_disk};
+use crate::servers::{self, Server, WorkDir};
+use crate::{blobs, report};
+
+#[derive(Debug, Args)]
+pub struct BackendsArgs {
+    /// The `vial` binary to benchmark.
+    #[arg(long)]
+    pub vial: PathBuf,
+    /// The s3s-fs binary (the S3-compatible server).
+    #[arg(long, default_value = ".ci/tools/bin/s3s-fs")]
+    pub s3s_fs: PathBuf,
+    /// Directory of PostgreSQL's server binaries (initdb, pg_ctl).
+    #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
+    pub pg_bin: PathBuf,
+    /// Shrink everything for a smoke run.
+    #[arg(long)]
+    pub quick: bool,
+    /// Concurrent clients of the manifest latency test.
+    #[arg(long, default_value_t = 64)]
+    pub manifest_clients: usize,
+    /// Parent of the run's directory (must be a real disk, not tmpfs).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Write all figures to this file as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+const ACCESS_KEY: &str = "vial-bench";
+const SECRET_KEY: &str = "vial-bench-secret";
+const BUCKET: &str = "vial-bench";
+
+/// A throwaway PostgreSQL cluster, stopped on drop.
+struct Postgres {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+}
+
+impl Postgres {
+    fn start(bin: &Path, dir: &Path) -> Result<Postgres> {
+        let data = dir.join("pg");
+        std::fs::create_dir_all(&data)?;
+        let chown = Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(dir)
+            .arg(&data)
+            .status()?;
+        if !chown.success() {
+            bail!("chown of {} failed (run as root)", data.display());
+        }
+        let as_postgres = |program: &str| {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bin.join(program));
+            c
+        };
+        let out = as_postgres("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ])
+            .output()?;
+        if !out.status.success() {
+            bail!("initdb: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let port = servers::free_port()?;
+        // Durable commits as in production: fsync stays on.
+        let opts = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={} -c max_connections=300",
+            data.display()
+        );
+        let out = as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.join("pg.log"))
+            .args(["-w", "-t", "30", "-o", &opts, "start"])
+            .output()?;
+        if !out.status.success() {
+            bail!("pg_ctl start: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let pg = Postgres {
+            bin: bin.to_path_buf(),
+            data,
+            port,
+        };
+        let created = Command::new("psql")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+            .args(["-v", "ON_ERROR_STOP=1", "-c", "CREATE DATABASE vial"])
+            .stdout(Stdio::null())
+            .status()?;
+        if !created.success() {
+            bail!("CREATE DATABASE failed");
+        }
+        Ok(pg)
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/vial", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "fast", "-w", "stop"])
+            .output();
+    }
+}
+
+async fn start_s3(bin: &Path, dir: &Path) -> Result<Server> {
+    std::fs::create_dir_all(dir.join("data").join(BUCKET))?;
+    let port = servers::free_port()?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+        .arg(dir.join("data"))
+        .stdout(Stdio::null());
+    let base = Url::parse(&format!("http://127.0.0.1:{port}/"))?;
+    let mut server = servers::spawn("s3s-fs", &mut cmd, dir, base)?;
+    server.wait_ready("").await?;
+    Ok(server)
+}
+
+/// One `vial serve` of a setup: its extra arguments and environment.
+type Replica<'a> = (Vec<String>, Vec<(&'a str, String)>);
+
+#[derive(Debug, Default, Serialize)]
+struct Setup {
+    name: String,
+    push_small_mb_s: Option<f64>,
+    push_large_mb_s: Option<f64>,
+    pull_small_mb_s: Option<f64>,
+    pull_large_mb_s: Option<f64>,
+    manifests: Option<Latency>,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    machine: report::Machine,
+    small: String,
+    large: String,
+    manifest_clients: usize,
+    setups: Vec<Setup>,
+}
+
+fn keep<T>(what: &str, result: Result<T>) -> Option<T> {
+    result
+        .map_err(|e| eprintln!("vial-bench: {what} failed: {e:#}"))
+        .ok()
+}
+
+pub async fn backends(args: BackendsArgs) -> Result<()> {
+    let (small_n, large_n, large_mib, per_client) = if args.quick {
+        (64, 4, 16, 5)
+    } else {
+        (256, 8, 64, 20)
+    };
+    let parent = args.workdir.clone().unwrap_or_else(servers::default_parent);
+    let work = WorkDir::create(&parent, false)?;
+    println!(
+        "vial-bench backends{}",
+        if args.quick { " --quick" } else { "" }
+    );
+    let m = machine();
+    println!("date:     {}", m.date);
+    println!("machine:  nproc {}, {}, {}", m.nproc, m.cpu_model, m.kernel);
+    println!(
+        "workload: push+pull {small_n} x 1 MiB (8 clients), {large_n} x {large_mib} MiB (4 clients); manifests: {} clients x {per_client} PUT+GET",
+        args.manifest_clients
+    );
+
+    eprintln!("vial-bench: generating payloads...");
+    let (small, large, layer) = tokio::task::spawn_blocking(move || {
+        (
+            Arc::<[Blob]>::from(data::make_blobs(11, 1 << 20, small_n)),
+            Arc::<[Blob]>::from(data::make_blobs(12, large_mib << 20, large_n)),
+            data::make_blobs(13, 4096, 1),
+        )
+    })
+    .await?;
+    let layer = layer.into_iter().next().context("no layer")?;
+
+    let pg = Postgres::start(&args.pg_bin, &work.path.join("postgres"))
+        .context("could not start PostgreSQL")?;
+    let s3 = start_s3(&args.s3s_fs, &work.path.join("s3"))
+        .await
+        .context("could not start s3s-fs")?;
+    let s3_env = vec![
+        (
+            "AWS_ENDPOINT_URL",
+            s3.base.as_str().trim_end_matches('/').to_owned(),
+        ),
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_owned()),
+        ("AWS_REGION", "us-east-1".to_owned()),
+    ];
+    let production = |prefix: &str| {
+        vec![
+            "--metadata-url".to_owned(),
+            pg.url(),
+            "--blob-url".to_owned(),
+            format!("s3://{BUCKET}/{prefix}"),
+        ]
+    };
+
+    let mut results = Results {
+        machine: m,
+        small: format!("{small_n} x 1 MiB"),
+        large: format!("{large_n} x {large_mib} MiB"),
+        manifest_clients: args.manifest_clients,
+        setups: Vec::new(),
+    };
+    let setups: [(&str, Vec<Replica>); 3] = [
+        ("SQLite + filesystem", vec![(Vec::new(), Vec::new())]),
+        ("PostgreSQL + S3", vec![(production("one"), s3_env.clone())]),
+        (
+            "PostgreSQL + S3, 2 replicas",
+            vec![
+                (production("two"), s3_env.clone()),
+                (production("two"), s3_env.clone()),
+            ],
+        ),
+    ];
+    for (i, (name, replicas)) in setups.iter().enumerate() {
+        let mut servers = Vec::new();
+        for (r, (extra, env)) in replicas.iter().enumerate() {
+            let dir = work.path.join(format!("vial-{i}-{r}"));
+            servers.push(servers::start_vial_with(&args.vial, &dir, extra, env)?);
+        }
+        let bases: Vec<Url> = servers.iter().map(|s| s.base.clone()).collect();
+        let mut setup = Setup {
+            name: name.to_string(),
+            ..Setup::default()
+        };
+        let repo = format!("bench/setup-{i}");
+        sync_disk();
+        eprintln!("vial-bench: {name}: push");
+        setup.push_small_mb_s = keep("push", blobs::push_all(&bases, &repo, &small, 8).await);
+        setup.push_large_mb_s = keep("push", blobs::push_all(&bases, &repo, &large, 4).await);
+        sync_disk();
+        eprintln!("vial-bench: {name}: pull");
+        setup.pull_small_mb_s = keep("pull", blobs::pull_all(&bases, &repo, &small, 8).await);
+        setup.pull_large_mb_s = keep("pull", blobs::pull_all(&bases, &repo, &large, 4).await);
+        eprintln!("vial-bench: {name}: manifests");
+        let started = Instant::now();
+        setup.manifests = keep(
+            "manifests",
+            async {
+                manifests::prepare(&bases[0], &repo, &layer).await?;
+                manifests::measure(&bases, &repo, &layer, args.manifest_clients, per_client).await
+            }
+            .await,
+        );
+        eprintln!(
+            "vial-bench: {name}: done in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        results.setups.push(setup);
+        drop(servers);
+    }
+    drop(s3);
+    drop(pg);
+
+    print_table(&results);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&results)?)
+            .with_context(|| format!("could not write {}", path.display()))?;
+        println!("\nfigures written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn print_table(r: &Results) {
+    let base = &r.setups[0];
+    let cell = |v: Option<f64>, b: Option<f64>| match (v, b) {
+        (Some(v), Some(b)) if b > 0.0 => format!("{v:>8.0} MB/s {:>5.2}x", v / b),
+        (Some(v), _) => format!("{v:>8.0} MB/s      "),
+        _ => format!("{:>19}", "failed"),
+    };
+    println!();
+    println!(
+        "{:<30} {:>19} {:>19} {:>19} {:>19} {:>9} {:>9}",
+        "setup",
+        format!("push {}", r.small),
+        format!("push {}", r.large),
+        format!("pull {}", r.small),
+        format!("pull {}", r.large),
+        "GET p50",
+        "GET p99"
+    );
+    for s in &r.setups {
+        let (p50, p99) = s
+            .manifests
+            .as_ref()
+            .map_or((f64::NAN, f64::NAN), |l| (l.get_p50_ms, l.get_p99_ms));
+        println!(
+            "{:<30} {} {} {} {} {:>6.1} ms {:>6.1} ms",
+            s.name,
+            cell(s.push_small_mb_s, base.push_small_mb_s),
+            cell(s.push_large_mb_s, base.push_large_mb_s),
+            cell(s.pull_small_mb_s, base.pull_small_mb_s),
+            cell(s.pull_large_mb_s, base.pull_large_mb_s),
+            p50,
+            p99
+        );
+    }
+    println!(
+        "(ratios are against SQLite + filesystem; manifest latencies with {} concurrent clients)",
+        r.manifest_clients
+    );
+    if let [_, one, two] = &r.setups[..] {
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+            _ => "n/a".into(),
+        };
+        println!(
+            "2 replicas vs 1: push {} / {}, pull {} / {}",
+            ratio(two.push_small_mb_s, one.push_small_mb_s),
+            ratio(two.push_large_mb_s, one.push_large_mb_s),
+            ratio(two.pull_small_mb_s, one.pull_small_mb_s),
+            ratio(two.pull_large_mb_s, one.pull_large_mb_s),
+        );
+    }
+}
