@@ -87,3 +87,21 @@ fn serve_refuses_an_address_in_use_with_a_clear_message() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_suite_runs_on_the_backends_it_was_asked_for() {
+    // Guards the backend matrix of scripts/test-all: a run that claims PostgreSQL + S3 must really
+    // have served from them, not silently from the embedded default.
+    let server = Server::start();
+    let metrics = reqwest::blocking::get(format!("{}/metrics", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    let (postgres, s3) = crate::support::backend();
+    let expected = format!(
+        "vial_backend_info{{metadata=\"{}\",blobs=\"{}\",auth=\"false\",tls=\"false\"}} 1",
+        if postgres { "postgres" } else { "sqlite" },
+        if s3 { "s3" } else { "filesystem" }
+    );
+    assert!(metrics.contains(&expected), "{expected} not in:\n{metrics}");
+}

@@ -154,11 +154,23 @@ pub enum ServeError {
 
 async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
     let uploads = state.meta.count_uploads().await.ok();
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        state.metrics.render(uploads),
-    )
-        .into_response()
+    let mut text = state.metrics.render(uploads);
+    let metadata = match state.config.metadata {
+        MetadataBackend::Sqlite { .. } => "sqlite",
+        MetadataBackend::Postgres { .. } => "postgres",
+    };
+    let blobs = match state.config.blobs {
+        BlobBackend::Filesystem { .. } => "filesystem",
+        BlobBackend::S3(_) => "s3",
+    };
+    text.push_str("# HELP vial_backend_info The stores this registry runs on.\n");
+    text.push_str("# TYPE vial_backend_info gauge\n");
+    text.push_str(&format!(
+        "vial_backend_info{{metadata=\"{metadata}\",blobs=\"{blobs}\",auth=\"{}\",tls=\"{}\"}} 1\n",
+        state.auth.is_some(),
+        state.config.tls.is_some()
+    ));
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// Ready when both stores answer: a load balancer stops sending requests to a replica that has lost
