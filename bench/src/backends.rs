@@ -163,6 +163,135 @@ struct Setup {
     manifests: Option<Latency>,
 }
 
+/// The S3 server on its own: the same blobs put and got straight from the bench with the AWS SDK
+/// and the same concurrency, the ceiling for any registry in front of it.
+async fn s3_ceiling(endpoint: &str, small: &Arc<[Blob]>, large: &Arc<[Blob]>) -> Result<Ceiling> {
+    use aws_sdk_s3::primitives::ByteStream;
+    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(
+            ACCESS_KEY, SECRET_KEY, None, None, "bench",
+        ))
+        .load()
+        .await;
+    let config = aws_sdk_s3::config::Builder::from(&shared)
+        .force_path_style(true)
+        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+        .build();
+    let client = aws_sdk_s3::Client::from_conf(config);
+    let run = |blobs: Arc<[Blob]>, concurrency: usize, get: bool, multipart: bool| {
+        let client = client.clone();
+        async move {
+            let total: u64 = blobs.iter().map(Blob::len).sum();
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let started = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..concurrency {
+                let (client, blobs, next) = (client.clone(), Arc::clone(&blobs), Arc::clone(&next));
+                tasks.spawn(async move {
+                    while let Some(blob) =
+                        blobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let key = format!("ceiling/{}", blob.digest);
+                        if get {
+                            let out = client.get_object().bucket(BUCKET).key(&key).send().await?;
+                            let bytes = out.body.collect().await?.into_bytes();
+                            if bytes.len() as u64 != blob.len() {
+                                bail!("short GET of {key}");
+                            }
+                        } else if multipart {
+                            put_multipart(&client, &key, &blob.data).await?;
+                        } else {
+                            client
+                                .put_object()
+                                .bucket(BUCKET)
+                                .key(&key)
+                                .body(ByteStream::from(blob.data.clone()))
+                                .send()
+                                .await?;
+                        }
+                    }
+                    Ok::<(), anyhow::Error>(())
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done??;
+            }
+            Ok::<f64, anyhow::Error>(blobs::mb_per_s(total, started.elapsed()))
+        }
+    };
+    sync_disk();
+    let put_small = run(Arc::clone(small), 8, false, false).await?;
+    let put_large = run(Arc::clone(large), 4, false, false).await?;
+    sync_disk();
+    let put_large_multipart = run(Arc::clone(large), 4, false, true).await?;
+    sync_disk();
+    let get_small = run(Arc::clone(small), 8, true, false).await?;
+    let get_large = run(Arc::clone(large), 4, true, false).await?;
+    Ok(Ceiling {
+        put_small,
+        put_large,
+        put_large_multipart,
+        get_small,
+        get_large,
+    })
+}
+
+struct Ceiling {
+    put_small: f64,
+    put_large: f64,
+    /// Large blobs as a registry must send them when it publishes only after verifying: a
+    /// multipart upload of 16 MiB parts, completed at the end.
+    put_large_multipart: f64,
+    get_small: f64,
+    get_large: f64,
+}
+
+async fn put_multipart(client: &aws_sdk_s3::Client, key: &str, data: &bytes::Bytes) -> Result<()> {
+    use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+    let upload = client
+        .create_multipart_upload()
+        .bucket(BUCKET)
+        .key(key)
+        .send()
+        .await?;
+    let id = upload.upload_id().context("no upload id")?;
+    let mut parts = Vec::new();
+    for (i, chunk) in data.chunks(16 << 20).enumerate() {
+        let n = i as i32 + 1;
+        let out = client
+            .upload_part()
+            .bucket(BUCKET)
+            .key(key)
+            .upload_id(id)
+            .part_number(n)
+            .body(data.slice_ref(chunk).into())
+            .send()
+            .await?;
+        parts.push(
+            CompletedPart::builder()
+                .part_number(n)
+                .set_e_tag(out.e_tag().map(str::to_owned))
+                .build(),
+        );
+    }
+    client
+        .complete_multipart_upload()
+        .bucket(BUCKET)
+        .key(key)
+        .upload_id(id)
+        .multipart_upload(
+            CompletedMultipartUpload::builder()
+                .set_parts(Some(parts))
+                .build(),
+        )
+        .send()
+        .await?;
+    Ok(())
+}
+
 #[derive(Debug, Serialize)]
 struct Results {
     machine: report::Machine,
@@ -239,8 +368,20 @@ pub async fn backends(args: BackendsArgs) -> Result<()> {
         manifest_clients: args.manifest_clients,
         setups: Vec::new(),
     };
-    let setups: [(&str, Vec<Replica>); 3] = [
+    let only = |flag: &str, value: String| vec![flag.to_owned(), value];
+    let setups: [(&str, Vec<Replica>); 5] = [
         ("SQLite + filesystem", vec![(Vec::new(), Vec::new())]),
+        (
+            "PostgreSQL + filesystem",
+            vec![(only("--metadata-url", pg.url()), Vec::new())],
+        ),
+        (
+            "SQLite + S3",
+            vec![(
+                only("--blob-url", format!("s3://{BUCKET}/sqlite")),
+                s3_env.clone(),
+            )],
+        ),
         ("PostgreSQL + S3", vec![(production("one"), s3_env.clone())]),
         (
             "PostgreSQL + S3, 2 replicas",
@@ -287,6 +428,23 @@ pub async fn backends(args: BackendsArgs) -> Result<()> {
         results.setups.push(setup);
         drop(servers);
     }
+    eprintln!("vial-bench: s3s-fs on its own");
+    let endpoint = s3.base.as_str().trim_end_matches('/').to_owned();
+    if let Some(c) = keep("S3 ceiling", s3_ceiling(&endpoint, &small, &large).await) {
+        results.setups.push(Setup {
+            name: "(s3s-fs alone, no registry)".into(),
+            push_small_mb_s: Some(c.put_small),
+            push_large_mb_s: Some(c.put_large),
+            pull_small_mb_s: Some(c.get_small),
+            pull_large_mb_s: Some(c.get_large),
+            manifests: None,
+        });
+        results.setups.push(Setup {
+            name: "(s3s-fs alone, multipart)".into(),
+            push_large_mb_s: Some(c.put_large_multipart),
+            ..Setup::default()
+        });
+    }
     drop(s3);
     drop(pg);
 
@@ -304,7 +462,7 @@ fn print_table(r: &Results) {
     let cell = |v: Option<f64>, b: Option<f64>| match (v, b) {
         (Some(v), Some(b)) if b > 0.0 => format!("{v:>8.0} MB/s {:>5.2}x", v / b),
         (Some(v), _) => format!("{v:>8.0} MB/s      "),
-        _ => format!("{:>19}", "failed"),
+        _ => format!("{:>19}", "-"),
     };
     println!();
     println!(
@@ -337,7 +495,11 @@ fn print_table(r: &Results) {
         "(ratios are against SQLite + filesystem; manifest latencies with {} concurrent clients)",
         r.manifest_clients
     );
-    if let [_, one, two] = &r.setups[..] {
+    let named = |n: &str| r.setups.iter().find(|s| s.name == n);
+    if let (Some(one), Some(two)) = (
+        named("PostgreSQL + S3"),
+        named("PostgreSQL + S3, 2 replicas"),
+    ) {
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
             _ => "n/a".into(),

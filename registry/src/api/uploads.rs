@@ -8,7 +8,7 @@ use super::sessions::{hash_stream, tee_body, HashPipe, HashState};
 use super::{set_header, Request};
 use crate::error::{ApiError, ErrorCode};
 use crate::route::parse_digest;
-use crate::storage::{now_millis, StorageError, UploadSession};
+use crate::storage::{now_millis, StorageError, UploadSession, VerifyFuture};
 use crate::AppState;
 
 /// `POST /v2/<name>/blobs/uploads/`: mount, monolithic upload, or a new session.
@@ -38,10 +38,14 @@ pub(super) async fn start(
         })?,
     };
     let monolithic = req.query.get("digest").map(parse_digest).transpose()?;
-    if let Some(digest) = &monolithic {
-        if let Some(len) = req.content_length().filter(|&l| l <= SMALL_PUT) {
-            return put_small(state, repo, digest, body, len).await;
-        }
+    if let Some(digest) = monolithic
+        .as_ref()
+        .filter(|_| state.blobs.prefers_whole_puts())
+    {
+        return match req.content_length().filter(|&l| l <= SMALL_PUT) {
+            Some(len) => put_small(state, repo, digest, body, len).await,
+            None => put_streaming(state, repo, digest, body, req.content_length()).await,
+        };
     }
 
     let id = uuid::Uuid::new_v4().to_string();
@@ -89,9 +93,9 @@ pub(super) async fn start(
     }
 }
 
-/// Monolithic uploads up to this size are received in memory, verified and stored in one call,
-/// without an upload session: the common case of chunk pushes, where a session would cost more
-/// metadata writes (and object-store calls) than the bytes themselves.
+/// On object stores, blobs up to this size sent in one request are received in memory, verified
+/// and stored in one call, without an upload session: the common case of chunk pushes, where a
+/// session would cost more object-store calls (and metadata writes) than the bytes themselves.
 const SMALL_PUT: u64 = 16 * 1024 * 1024;
 
 async fn put_small(
@@ -101,28 +105,8 @@ async fn put_small(
     body: axum::body::Body,
     len: u64,
 ) -> Result<Response, ApiError> {
-    let bytes = axum::body::to_bytes(body, len as usize + 1)
-        .await
-        .map_err(|e| {
-            ApiError::bad_request(
-                ErrorCode::BlobUploadInvalid,
-                format!("upload was not received whole, nothing of it was kept: {e}"),
-            )
-        })?;
-    state.metrics.add_bytes_in(bytes.len() as u64);
-    if bytes.len() as u64 != len {
-        return Err(ApiError::bad_request(
-            ErrorCode::SizeInvalid,
-            format!("body has {} bytes but Content-Length is {len}", bytes.len()),
-        ));
-    }
-    let algorithm = digest.algorithm();
-    let (computed, bytes) = tokio::task::spawn_blocking(move || {
-        let computed = algorithm.digest_bytes(&bytes);
-        (computed, bytes)
-    })
-    .await
-    .map_err(|e| ApiError::from(StorageError::io("hash", std::io::Error::other(e))))?;
+    let bytes = receive_whole(state, Some(body), len).await?;
+    let computed = hash_in_background(&bytes, digest.algorithm()).await?;
     if &computed != digest {
         return Err(digest_mismatch(digest, &computed));
     }
@@ -130,6 +114,54 @@ async fn put_small(
     state.meta.commit_blob(repo, digest, len).await?;
     tracing::info!(%repo, %digest, size = len, "blob committed");
     Ok(created_blob(repo, digest))
+}
+
+/// A blob of any size in one request, its digest known up front: streamed to the store, hashed
+/// on the way, and published by the store only if the digest matched.
+async fn put_streaming(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    body: axum::body::Body,
+    declared: Option<u64>,
+) -> Result<Response, ApiError> {
+    let pipe = HashPipe::spawn(digest.algorithm().hasher());
+    let stream = tee_body(body, Some(&pipe), declared, state.metrics.clone());
+    let computed = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (slot, expected) = (std::sync::Arc::clone(&computed), digest.clone());
+    let verify: VerifyFuture = Box::pin(async move {
+        let Some((hasher, _)) = pipe.finish().await else {
+            return false;
+        };
+        let actual = hasher.finish();
+        let ok = actual == expected;
+        if let Ok(mut slot) = slot.lock() {
+            *slot = Some(actual);
+        }
+        ok
+    });
+    match state.blobs.put_streamed(digest, stream, verify).await {
+        Ok(Some(size)) => {
+            state.meta.commit_blob(repo, digest, size).await?;
+            tracing::info!(%repo, %digest, size, "blob committed");
+            Ok(created_blob(repo, digest))
+        }
+        Ok(None) => {
+            let actual = computed.lock().ok().and_then(|mut c| c.take());
+            Err(match actual {
+                Some(actual) => digest_mismatch(digest, &actual),
+                None => ApiError::bad_request(
+                    ErrorCode::DigestInvalid,
+                    format!("uploaded content does not have digest {digest}"),
+                ),
+            })
+        }
+        Err(StorageError::BodyFailed(e)) => Err(ApiError::bad_request(
+            ErrorCode::BlobUploadInvalid,
+            format!("upload was not received whole, nothing of it was kept: {e}"),
+        )),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn digest_mismatch(given: &Digest, computed: &Digest) -> ApiError {
@@ -210,12 +242,78 @@ pub(super) async fn finish(
     let declared = declared_length(req, range)?;
     let lock = state.sessions.get(id);
     let mut hash = lock.lock().await;
+    let mut body = Some(body);
+    let whole = declared.filter(|&l| l > 0 && l <= SMALL_PUT && state.blobs.prefers_whole_puts());
+    if let Some(len) = whole {
+        // POST then PUT with the whole blob, as most clients push: if the body alone has the
+        // digest, it is the blob, whatever the session holds, so store it in one write. Otherwise
+        // it is the last chunk of a longer upload and goes the ordinary way.
+        let bytes = receive_whole(state, body.take(), len).await?;
+        let computed = hash_in_background(&bytes, digest.algorithm()).await?;
+        if computed == digest {
+            state.blobs.put(&digest, bytes).await?;
+            state.meta.commit_blob(repo, &digest, len).await?;
+            tracing::info!(%repo, %digest, size = len, "blob committed");
+            discard(state, id).await;
+            return Ok(created_blob(repo, &digest));
+        }
+        body = Some(axum::body::Body::from(bytes));
+    }
+    if whole.is_none()
+        && declared != Some(0)
+        && state.blobs.prefers_whole_puts()
+        && state.blobs.upload_size(id).await? == Some(0)
+    {
+        // A large blob in the PUT of an empty session: the body is the whole blob, streamed to
+        // its place and published once verified, with no session data to copy.
+        let body = body.take().unwrap_or_else(axum::body::Body::empty);
+        let response = put_streaming(state, repo, &digest, body, declared).await?;
+        discard(state, id).await;
+        return Ok(response);
+    }
     if declared != Some(0) {
+        let body = body.unwrap_or_else(axum::body::Body::empty);
         append(state, id, &mut hash, body, range.map(|r| r.0), declared)
             .await
             .map_err(|e| with_session_headers(e, repo, id))?;
     }
     commit(state, repo, id, &mut hash, &digest).await
+}
+
+/// Reads a body of exactly `len` bytes into memory.
+async fn receive_whole(
+    state: &AppState,
+    body: Option<axum::body::Body>,
+    len: u64,
+) -> Result<bytes::Bytes, ApiError> {
+    let body = body.unwrap_or_else(axum::body::Body::empty);
+    let bytes = axum::body::to_bytes(body, len as usize + 1)
+        .await
+        .map_err(|e| {
+            ApiError::bad_request(
+                ErrorCode::BlobUploadInvalid,
+                format!("upload was not received whole, nothing of it was kept: {e}"),
+            )
+        })?;
+    state.metrics.add_bytes_in(bytes.len() as u64);
+    if bytes.len() as u64 != len {
+        return Err(ApiError::bad_request(
+            ErrorCode::SizeInvalid,
+            format!("body has {} bytes but Content-Length is {len}", bytes.len()),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Hashes in-memory bytes off the executor.
+async fn hash_in_background(
+    bytes: &bytes::Bytes,
+    algorithm: Algorithm,
+) -> Result<Digest, ApiError> {
+    let bytes = bytes.clone();
+    tokio::task::spawn_blocking(move || algorithm.digest_bytes(&bytes))
+        .await
+        .map_err(|e| ApiError::from(StorageError::io("hash", std::io::Error::other(e))))
 }
 
 /// `DELETE /v2/<name>/blobs/uploads/<id>`: abandon the session and its bytes.

@@ -13,6 +13,9 @@ use super::StorageError;
 /// A stream of body bytes, as read from a request or a stored blob.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
 
+/// Says, once a streamed body has ended, whether it had the claimed digest.
+pub type VerifyFuture = Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+
 /// A half-open byte range `[start, end)` inside a blob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteRange {
@@ -79,6 +82,13 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
     /// Discards a session's bytes. Missing sessions are not an error.
     async fn abort_upload(&self, id: &str) -> Result<(), StorageError>;
 
+    /// Whether small blobs should reach the store whole, through [`BlobStore::put`], rather than
+    /// streamed through an upload session: true for object stores, where a session costs several
+    /// requests; false for files, where streaming overlaps receiving, hashing and writing.
+    fn prefers_whole_puts(&self) -> bool {
+        false
+    }
+
     /// Stores a whole blob the caller holds in memory and has verified. Durable when it returns.
     /// The default goes through a private upload session; stores that can write an object in one
     /// call do so.
@@ -91,6 +101,34 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
             Err(e) => Err(e),
         };
         if result.is_err() {
+            let _ = self.abort_upload(&id).await;
+        }
+        result
+    }
+
+    /// Streams a blob whose digest the client claimed up front and publishes it only if `verify`,
+    /// awaited once the body has ended, says the bytes have that digest. Returns the size, or `None`
+    /// when verification failed and nothing was published. Object stores stream straight to the
+    /// blob's key in an upload that only completes after verification, instead of writing a
+    /// session and copying it.
+    async fn put_streamed(
+        &self,
+        digest: &Digest,
+        body: ByteStream,
+        verify: VerifyFuture,
+    ) -> Result<Option<u64>, StorageError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        self.create_upload(&id).await?;
+        let result = async {
+            let size = self.append_upload(&id, 0, body).await?;
+            if !verify.await {
+                return Ok(None);
+            }
+            self.commit_upload(&id, digest).await?;
+            Ok(Some(size))
+        }
+        .await;
+        if !matches!(result, Ok(Some(_))) {
             let _ = self.abort_upload(&id).await;
         }
         result

@@ -11,7 +11,7 @@ mod metadata;
 mod s3;
 mod sql;
 
-pub use blob::{BlobStore, ByteRange, ByteStream};
+pub use blob::{BlobStore, ByteRange, ByteStream, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
     CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, TagPrecondition,

@@ -1,8 +1,9 @@
 //! The S3 blob store: blobs as objects under `<prefix>blobs/<algorithm>/<xx>/<hex>`, upload sessions
 //! as objects under `<prefix>uploads/<id>/`, so that any replica can continue any session.
 //!
-//! A session is a zero-byte `started` marker plus one object per appended chunk, named by the offset
-//! it starts at (`data-<offset, 20 digits>`). Each chunk object appears whole or not at all (a small
+//! A session is one object per appended chunk, named by the offset it starts at
+//! (`data-<offset, 20 digits>`); an empty session has no objects, and whether a session exists is
+//! the metadata store's to say. Each chunk object appears whole or not at all (a small
 //! chunk is one PutObject, a large one a multipart upload completed only when the body ended well),
 //! so a failed chunk leaves the session at its old size and the size is always the sum of the
 //! listed chunk objects. Committing assembles the chunk objects into the blob's key server-side
@@ -26,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use vial_core::Digest;
 
-use super::{BlobStore, ByteRange, ByteStream, StorageError};
+use super::{BlobStore, ByteRange, ByteStream, StorageError, VerifyFuture};
 use crate::config::S3Location;
 
 /// S3's smallest part, except the last.
@@ -132,21 +133,15 @@ impl S3BlobStore {
         Ok(format!("{}uploads/{id}/", self.prefix))
     }
 
-    /// The session's chunk objects in offset order, or `None` without a `started` marker.
+    /// The session's chunk objects in offset order.
     async fn session_parts(&self, id: &str) -> Result<Option<Vec<ChunkObject>>, StorageError> {
         let prefix = self.session_prefix(id)?;
-        let mut started = false;
         let mut parts = Vec::new();
         for (key, size) in self.list(&prefix).await? {
             let name = &key[prefix.len()..];
-            if name == "started" {
-                started = true;
-            } else if let Some(offset) = name.strip_prefix("data-").and_then(|o| o.parse().ok()) {
+            if let Some(offset) = name.strip_prefix("data-").and_then(|o| o.parse().ok()) {
                 parts.push(ChunkObject { key, offset, size });
             }
-        }
-        if !started {
-            return Ok(None);
         }
         parts.sort_by_key(|p| p.offset);
         let mut expected = 0;
@@ -245,11 +240,30 @@ impl S3BlobStore {
     /// Streams `body` into `key` as one object: a PutObject when it fits in the first part, else a
     /// multipart upload that is completed only if the body ended well and aborted otherwise.
     /// Returns the number of bytes stored.
-    async fn stream_object(&self, key: &str, mut body: ByteStream) -> Result<u64, StorageError> {
+    async fn stream_object(&self, key: &str, body: ByteStream) -> Result<u64, StorageError> {
+        let accept: VerifyFuture = Box::pin(async { true });
+        self.stream_object_if(key, body, accept)
+            .await
+            .map(|n| n.unwrap_or(0))
+    }
+
+    /// [`Self::stream_object`], publishing only if `verify` says yes once the body has ended;
+    /// `None` when it said no and nothing was written.
+    async fn stream_object_if(
+        &self,
+        key: &str,
+        mut body: ByteStream,
+        verify: VerifyFuture,
+    ) -> Result<Option<u64>, StorageError> {
+        let mut verify = Some(verify);
+        let mut verified = async || match verify.take() {
+            Some(v) => v.await,
+            None => false,
+        };
         let mut buf = BytesMut::new();
         let mut upload: Option<Multipart> = None;
         let mut total = 0u64;
-        let result: Result<(), StorageError> = async {
+        let result: Result<bool, StorageError> = async {
             loop {
                 let part_len = part_size(upload.as_ref().map_or(0, |m| m.parts.len() as u64));
                 let item = body.next().await;
@@ -261,7 +275,13 @@ impl S3BlobStore {
                 }
                 if ended || buf.len() as u64 >= part_len {
                     if upload.is_none() && ended {
-                        return self.put_object(key, buf.split().freeze()).await;
+                        if !verified().await {
+                            return Ok(false);
+                        }
+                        return self
+                            .put_object(key, buf.split().freeze())
+                            .await
+                            .map(|()| true);
                     }
                     if upload.is_none() {
                         upload = Some(Multipart::create(self, key).await?);
@@ -272,7 +292,10 @@ impl S3BlobStore {
                             m.upload(self, buf.split_to(take).freeze()).await?;
                         }
                         if ended {
-                            return m.complete(self).await;
+                            if !verified().await {
+                                return Ok(false);
+                            }
+                            return m.complete(self).await.map(|()| true);
                         }
                     }
                 }
@@ -280,7 +303,13 @@ impl S3BlobStore {
         }
         .await;
         match result {
-            Ok(()) => Ok(total),
+            Ok(true) => Ok(Some(total)),
+            Ok(false) => {
+                if let Some(m) = upload {
+                    m.abort(self).await;
+                }
+                Ok(None)
+            }
             Err(e) => {
                 if let Some(m) = upload {
                     m.abort(self).await;
@@ -361,11 +390,13 @@ struct ChunkObject {
     size: u64,
 }
 
-/// One multipart upload in progress.
+/// One multipart upload in progress. One part at a time is in flight, sent while the caller
+/// gathers the next one, so receiving and sending overlap.
 struct Multipart {
     key: String,
     upload_id: String,
     parts: Vec<CompletedPart>,
+    in_flight: Option<tokio::task::JoinHandle<Result<CompletedPart, StorageError>>>,
 }
 
 impl Multipart {
@@ -388,6 +419,7 @@ impl Multipart {
             key: key.to_owned(),
             upload_id: upload_id.to_owned(),
             parts: Vec::new(),
+            in_flight: None,
         })
     }
 
@@ -404,25 +436,43 @@ impl Multipart {
         Ok(n)
     }
 
+    /// Waits for the part in flight, if any.
+    async fn settle(&mut self) -> Result<(), StorageError> {
+        if let Some(task) = self.in_flight.take() {
+            let part = task.await.map_err(|e| StorageError::S3 {
+                op: "UploadPart",
+                key: self.key.clone(),
+                message: e.to_string(),
+                unavailable: false,
+            })??;
+            self.parts.push(part);
+        }
+        Ok(())
+    }
+
+    /// Sends `body` as the next part, once the previous part is done.
     async fn upload(&mut self, store: &S3BlobStore, body: Bytes) -> Result<(), StorageError> {
+        self.settle().await?;
         let n = self.next_number()?;
-        let out = store
+        let request = store
             .client
             .upload_part()
             .bucket(&store.bucket)
             .key(&self.key)
             .upload_id(&self.upload_id)
             .part_number(n)
-            .body(S3Body::from(body))
-            .send()
-            .await
-            .map_err(|e| s3_error("UploadPart", &self.key, e))?;
-        self.parts.push(
-            CompletedPart::builder()
+            .body(S3Body::from(body));
+        let key = self.key.clone();
+        self.in_flight = Some(tokio::spawn(async move {
+            let out = request
+                .send()
+                .await
+                .map_err(|e| s3_error("UploadPart", &key, e))?;
+            Ok(CompletedPart::builder()
                 .part_number(n)
                 .set_e_tag(out.e_tag().map(str::to_owned))
-                .build(),
-        );
+                .build())
+        }));
         Ok(())
     }
 
@@ -433,6 +483,7 @@ impl Multipart {
         start: u64,
         end: u64,
     ) -> Result<(), StorageError> {
+        self.settle().await?;
         let n = self.next_number()?;
         let out = store
             .client
@@ -460,6 +511,7 @@ impl Multipart {
     }
 
     async fn complete(&mut self, store: &S3BlobStore) -> Result<(), StorageError> {
+        self.settle().await?;
         store
             .client
             .complete_multipart_upload()
@@ -479,6 +531,9 @@ impl Multipart {
 
     /// Best effort: an upload left behind is removed later by [`BlobStore::sweep`].
     async fn abort(self, store: &S3BlobStore) {
+        if let Some(task) = &self.in_flight {
+            task.abort();
+        }
         if let Err(e) = store
             .client
             .abort_multipart_upload()
@@ -589,17 +644,51 @@ impl BlobStore for S3BlobStore {
         MIN_PART
     }
 
+    fn prefers_whole_puts(&self) -> bool {
+        true
+    }
+
     async fn put(&self, digest: &Digest, bytes: Bytes) -> Result<(), StorageError> {
         let key = self.blob_key(digest);
-        if self.head(&key).await? == Some(bytes.len() as u64) {
-            return Ok(()); // Content-addressed: the same bytes are already there.
+        if digest.algorithm() != vial_core::Algorithm::Sha256 {
+            return self.put_object(&key, bytes).await;
         }
-        self.put_object(&key, bytes).await
+        // The registry has just verified the body's SHA-256: hand it to the store as the object's
+        // checksum, which the store verifies on receipt, instead of having the SDK hash the body
+        // a second time to sign it. Integrity is the same, at half the hashing.
+        let raw = hex::decode(digest.hex())
+            .map_err(|_| StorageError::Corrupt(format!("digest {digest} is not hex")))?;
+        use base64::Engine;
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .checksum_sha256(base64::engine::general_purpose::STANDARD.encode(raw))
+            .body(S3Body::from(bytes))
+            .customize()
+            .disable_payload_signing()
+            .send()
+            .await
+            .map_err(|e| s3_error("PutObject", &key, e))?;
+        Ok(())
+    }
+
+    async fn put_streamed(
+        &self,
+        digest: &Digest,
+        body: ByteStream,
+        verify: VerifyFuture,
+    ) -> Result<Option<u64>, StorageError> {
+        // Straight to the blob's key: a multipart upload is invisible until completed, and it is
+        // completed only once the registry has verified the digest.
+        self.stream_object_if(&self.blob_key(digest), body, verify)
+            .await
     }
 
     async fn create_upload(&self, id: &str) -> Result<(), StorageError> {
-        let key = format!("{}started", self.session_prefix(id)?);
-        self.put_object(&key, Bytes::new()).await
+        // Nothing to write: a session with no chunk objects is an empty session. Whether it
+        // exists at all is the metadata store's to say.
+        self.session_prefix(id).map(drop)
     }
 
     async fn upload_size(&self, id: &str) -> Result<Option<u64>, StorageError> {
@@ -747,6 +836,7 @@ impl BlobStore for S3BlobStore {
                 key: key.to_owned(),
                 upload_id: upload_id.to_owned(),
                 parts: Vec::new(),
+                in_flight: None,
             }
             .abort(self)
             .await;

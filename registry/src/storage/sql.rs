@@ -117,15 +117,19 @@ impl SqlMetadataStore {
     /// Connects to PostgreSQL and brings the schema up to date; replicas starting at once take turns.
     pub async fn open_postgres(url: &str) -> Result<Self, StorageError> {
         sqlx::any::install_default_drivers();
-        let pool = AnyPoolOptions::new()
-            .max_connections(32)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await?;
-        migrate(&pool, Dialect::Postgres).await?;
+        // Reads get their own connections: a burst of commits waiting on the database's fsync must
+        // not make a manifest GET queue for a connection.
+        let pool = |n| {
+            AnyPoolOptions::new()
+                .max_connections(n)
+                .acquire_timeout(Duration::from_secs(5))
+        };
+        let writer = pool(8).connect(url).await?;
+        migrate(&writer, Dialect::Postgres).await?;
+        let reader = pool(8).connect(url).await?;
         Ok(SqlMetadataStore {
-            reader: pool.clone(),
-            writer: pool,
+            reader,
+            writer,
             dialect: Dialect::Postgres,
         })
     }
