@@ -1,9 +1,12 @@
 # vial: one image with the `vial` binary; `vial serve` by default.
 #   docker build -t vial .
 #   docker run -p 5000:5000 -v vial-data:/var/lib/vial vial
-# Production (PostgreSQL for metadata): pass the URL in the environment, not on the command line:
+# Production (PostgreSQL for metadata, S3 for blobs): pass secrets in the environment, not argv:
 #   docker run -p 5000:5000 -e VIAL_METADATA_URL=postgres://vial:…@db:5432/vial \
-#     -v /srv/vial-blobs:/var/lib/vial vial
+#     -e VIAL_BLOB_URL=s3://models/vial -e AWS_ENDPOINT_URL=http://minio:9000 \
+#     -e AWS_ACCESS_KEY_ID=… -e AWS_SECRET_ACCESS_KEY=… \
+#     -v /etc/vial:/etc/vial:ro -e VIAL_CONFIG=/etc/vial/vial.toml vial
+# (authentication and TLS: see docs/vial.example.toml)
 # It was not built in CI: no container engine or base image is reachable there.
 
 FROM rust:1.95-slim-bookworm AS build

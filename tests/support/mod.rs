@@ -207,23 +207,8 @@ fn matrix_args(data: &Path, extra: &[&str]) -> Vec<String> {
     if postgres && !extra.contains(&"--metadata-url") {
         let base = std::env::var("VIAL_TEST_POSTGRES_URL")
             .expect("VIAL_TEST_BACKEND uses postgres but VIAL_TEST_POSTGRES_URL is not set");
-        let out = Command::new("psql")
-            .args([
-                "-d",
-                &format!("{base}/postgres"),
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-            ])
-            .arg(format!("CREATE DATABASE {id}"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "CREATE DATABASE failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        args.extend(["--metadata-url".to_owned(), format!("{base}/{id}")]);
+        let url = postgres::create_database(&base, &id);
+        args.extend(["--metadata-url".to_owned(), url]);
     }
     if s3 && !extra.contains(&"--blob-url") {
         let bucket = std::env::var("VIAL_TEST_S3_BUCKET")

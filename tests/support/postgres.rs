@@ -114,27 +114,10 @@ impl PgCluster {
 
     /// Creates a database and returns its URL.
     pub fn database(&self, name: &str) -> String {
-        let out = Command::new("psql")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-c",
-            ])
-            .arg(format!("CREATE DATABASE {name}"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "CREATE DATABASE failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+        create_database(
+            &format!("postgres://postgres@127.0.0.1:{}", self.port),
+            name,
+        )
     }
 }
 
@@ -142,4 +125,26 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
     }
+}
+
+/// Creates database `name` on the server at `server` (a superuser URL without a database) and
+/// returns its URL.
+pub fn create_database(server: &str, name: &str) -> String {
+    let out = Command::new("psql")
+        .args([
+            "-d",
+            &format!("{server}/postgres"),
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+        ])
+        .arg(format!("CREATE DATABASE {name}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "CREATE DATABASE failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!("{server}/{name}")
 }
