@@ -339,6 +339,33 @@ fn rules_decide_who_pulls_pushes_and_deletes_and_anonymous_reads_only_public() {
         201,
         "with pull on the source the mount happens"
     );
+    // vial's bulk existence check links blobs across repositories only for callers who may pull
+    // everything: alice may not, so a weights/* blob is not offered to her in public/*.
+    let present = |client: &Client, repo: &str| -> serde_json::Value {
+        client
+            .post(format!("{base}/v2/{repo}/_vial/blobs/present"))
+            .header("content-type", "application/json")
+            .body(serde_json::json!({ "digests": [layer.to_string()] }).to_string())
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let alice_q = with_token(&token(
+        &plain,
+        &base,
+        Some(ALICE),
+        "repository:public/q:pull,push",
+    ));
+    assert_eq!(
+        present(&alice_q, "public/q")["present"],
+        serde_json::json!([])
+    );
+    assert_eq!(
+        present(&alice, "weights/m")["present"],
+        serde_json::json!([layer.to_string()]),
+        "a blob the repository holds is reported"
+    );
 
     let r = alice
         .delete(format!("{base}/v2/weights/m/manifests/{manifest}"))

@@ -13,6 +13,7 @@ mod auth;
 mod backends;
 mod bad_input;
 mod conformance;
+mod copy;
 mod crash;
 mod docker_registry;
 mod mount;

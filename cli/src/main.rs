@@ -2,6 +2,7 @@
 //! subcommands, each in its own module.
 
 mod common;
+mod copy;
 mod info;
 mod login;
 mod mount;
@@ -43,6 +44,8 @@ enum Command {
     Push(push::PushArgs),
     /// Download a version into a directory (parallel, verified, resumable).
     Pull(push::PullArgs),
+    /// Copy a version (or any artifact) to another repository or registry, digest unchanged.
+    Copy(copy::CopyArgs),
     /// Point, list and remove tags.
     Tag(tag::TagArgs),
     /// List the sealed versions of a volume: digest, size, files, tags, creation time.
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Push(args) => push::run_push(args),
         Command::Pull(args) => push::run_pull(args),
+        Command::Copy(args) => copy::run(args),
         Command::Tag(args) => tag::run(args),
         Command::Versions(args) => info::run_versions(args),
         Command::Ls(args) => info::run_ls(args),

@@ -6,6 +6,7 @@
 
 pub mod auth;
 mod chunker;
+pub mod copy;
 mod error;
 pub mod progress;
 pub mod pull;

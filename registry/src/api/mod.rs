@@ -320,7 +320,11 @@ async fn handle(
         }
         (Endpoint::Upload(repo, id), Method::DELETE) => uploads::cancel(state, &repo, &id).await,
         (Endpoint::BlobsPresent(repo), Method::POST) => {
-            vial::blobs_present(state, &repo, body).await
+            let across = state
+                .auth
+                .as_ref()
+                .is_none_or(|auth| auth.may_pull_everything(req.header("authorization")));
+            vial::blobs_present(state, &repo, body, across).await
         }
         (Endpoint::Versions(repo), Method::GET) => vial::versions(state, &repo).await,
         (endpoint, method) => Err(ApiError::new(

@@ -30,10 +30,15 @@ struct PresentResponse {
 /// `POST /v2/<name>/_vial/blobs/present` with `{"digests": [...]}`: which of these blobs the
 /// repository holds, linking blobs the registry holds elsewhere, so one request replaces thousands
 /// of HEADs and cross-repository mounts.
+///
+/// Linking from other repositories is a bulk cross-repository mount, so with authentication on it
+/// happens only for callers that may pull from every repository; others learn only what this
+/// repository already holds, and upload the rest.
 pub(super) async fn blobs_present(
     state: &AppState,
     repo: &RepoName,
     body: axum::body::Body,
+    across_repositories: bool,
 ) -> Result<Response, ApiError> {
     let mut stream = body.into_data_stream();
     let mut bytes = Vec::new();
@@ -67,7 +72,7 @@ pub(super) async fn blobs_present(
     }
     let present = state
         .meta
-        .link_present_blobs(repo, &request.digests)
+        .link_present_blobs(repo, &request.digests, across_repositories)
         .await?;
     let body = serde_json::to_vec(&PresentResponse { present }).unwrap_or_default();
     let mut r = (StatusCode::OK, body).into_response();

@@ -154,12 +154,14 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         precondition: &TagPrecondition,
     ) -> Result<(), CommitManifestError>;
 
-    /// Of `digests`, those the repository holds after the call: blobs already linked, and blobs the
-    /// registry holds in another repository, which are linked (a bulk cross-repository mount).
+    /// Of `digests`, those the repository holds after the call: blobs already linked, and, with
+    /// `across_repositories`, blobs the registry holds in another repository, which are linked (a
+    /// bulk cross-repository mount).
     async fn link_present_blobs(
         &self,
         repo: &RepoName,
         digests: &[Digest],
+        across_repositories: bool,
     ) -> Result<Vec<Digest>, StorageError>;
 
     /// Manifests of `artifact_type` in `repo`, newest first, with the tags pointing at each.

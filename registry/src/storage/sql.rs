@@ -620,7 +620,22 @@ impl MetadataStore for SqlMetadataStore {
         &self,
         repo: &RepoName,
         digests: &[Digest],
+        across_repositories: bool,
     ) -> Result<Vec<Digest>, StorageError> {
+        if !across_repositories {
+            let mut present = Vec::new();
+            for digest in digests {
+                let size: Option<i64> = sqlx::query_scalar(BLOB_SIZE_IN_REPO)
+                    .bind(repo.as_str())
+                    .bind(digest.as_str())
+                    .fetch_optional(&self.reader)
+                    .await?;
+                if size.is_some() {
+                    present.push(digest.clone());
+                }
+            }
+            return Ok(present);
+        }
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;

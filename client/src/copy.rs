@@ -1,0 +1,217 @@
+//! `vial copy`: copies a version (or any OCI manifest, index or artifact) between repositories and
+//! registries, with its digest unchanged, sending only the blobs the destination lacks.
+//!
+//! The source is walked from its root manifest down (indexes to their manifests, manifests to their
+//! config and layers), one level at a time with the fetches of a level in parallel. The
+//! destination is asked once which blobs it already holds (vial's bulk check, or a HEAD per blob
+//! elsewhere); within one registry the rest are mounted across repositories, between registries
+//! they are downloaded, verified and uploaded. Manifests are then pushed children first, by digest,
+//! so the destination never holds a manifest whose references are missing, and the root last:
+//! an interrupted copy publishes nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::{StreamExt, TryStreamExt};
+use tokio::sync::Semaphore;
+use vial_core::manifest::summarize;
+use vial_core::{Digest, RepoName, Tag, Target};
+
+use crate::{ClientError, Manifest, Registry};
+
+/// Bytes of blobs held in memory at once while they pass from one registry to the other.
+const IN_FLIGHT_BYTES: u64 = 512 << 20;
+/// Requests in flight at once, per kind.
+const PARALLEL: usize = 16;
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CopyReport {
+    pub digest: String,
+    pub manifests: u64,
+    pub blobs: u64,
+    /// Blobs the destination already held.
+    pub blobs_present: u64,
+    /// Blobs mounted from the source repository (same registry).
+    pub blobs_mounted: u64,
+    pub blobs_copied: u64,
+    pub bytes_copied: u64,
+    pub seconds: f64,
+}
+
+/// Where a copy reads and writes.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoints<'a> {
+    pub src: &'a Registry,
+    pub src_repo: &'a RepoName,
+    pub dst: &'a Registry,
+    pub dst_repo: &'a RepoName,
+}
+
+/// Copies `target` and everything it references, then points `tags` at it. Returns the report;
+/// its digest is the source's, which the destination confirmed.
+pub async fn copy(
+    at: Endpoints<'_>,
+    target: &Target,
+    tags: &[Tag],
+) -> Result<CopyReport, ClientError> {
+    let started = Instant::now();
+    let Endpoints {
+        src,
+        src_repo,
+        dst,
+        dst_repo,
+    } = at;
+    let root = src.get_manifest(src_repo, target).await?.ok_or_else(|| {
+        ClientError::NotFound(match target {
+            Target::Tag(t) => format!("{src_repo}:{t}"),
+            Target::Digest(d) => format!("{src_repo}@{d}"),
+        })
+    })?;
+
+    // Walk the graph a level at a time; `levels[i]` holds the manifests first reached at depth i.
+    let mut levels: Vec<Vec<Manifest>> = Vec::new();
+    let mut seen: HashSet<Digest> = HashSet::from([root.digest.clone()]);
+    let mut blobs: Vec<Digest> = Vec::new();
+    let mut blob_seen: HashSet<Digest> = HashSet::new();
+    let mut level = vec![root.clone()];
+    while !level.is_empty() {
+        let mut children = Vec::new();
+        for m in &level {
+            let summary = summarize(Some(&m.media_type), &m.bytes).map_err(|e| {
+                ClientError::InvalidVolume(format!("manifest {} cannot be read: {e}", m.digest))
+            })?;
+            for b in summary.blobs {
+                if blob_seen.insert(b.clone()) {
+                    blobs.push(b);
+                }
+            }
+            for c in summary.children {
+                if seen.insert(c.clone()) {
+                    children.push(c);
+                }
+            }
+        }
+        levels.push(level);
+        level = futures_util::stream::iter(children)
+            .map(|d| async move {
+                src.get_manifest(src_repo, &Target::Digest(d.clone()))
+                    .await?
+                    .ok_or_else(|| ClientError::NotFound(format!("manifest {d} in {src_repo}")))
+            })
+            .buffer_unordered(PARALLEL)
+            .try_collect()
+            .await?;
+    }
+
+    // Which blobs the destination lacks.
+    let present: HashSet<Digest> = match dst.blobs_present(dst_repo, &blobs).await? {
+        Some(p) => p.into_iter().collect(),
+        None => {
+            futures_util::stream::iter(blobs.iter().cloned())
+                .map(|d| async move { dst.blob_exists(dst_repo, &d).await.map(|e| (d, e)) })
+                .buffer_unordered(PARALLEL)
+                .try_filter_map(|(d, exists)| async move { Ok(exists.then_some(d)) })
+                .try_collect()
+                .await?
+        }
+    };
+    let missing: Vec<Digest> = blobs
+        .iter()
+        .filter(|d| !present.contains(*d))
+        .cloned()
+        .collect();
+
+    let same_registry = src.host() == dst.host();
+    let mounted = AtomicU64::new(0);
+    let copied = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    let budget = Arc::new(Semaphore::new(IN_FLIGHT_BYTES as usize));
+    futures_util::stream::iter(missing)
+        .map(|d| {
+            let (budget, mounted, copied, bytes) = (&budget, &mounted, &copied, &bytes);
+            async move {
+                if same_registry && dst.mount_blob(dst_repo, &d, src_repo).await? {
+                    mounted.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                // Hold a share of the memory budget for the blob while it is in memory. The size
+                // is only known once it is here, so take a chunk's worth first and the rest after.
+                let first = budget
+                    .acquire_many(8 << 20)
+                    .await
+                    .map_err(|e| ClientError::Invalid(e.to_string()))?;
+                let data = src.get_blob(src_repo, &d, None).await?;
+                // Capped so that one waiter can always be served while every task holds its
+                // first share: no deadlock, whatever the blob sizes.
+                let cap = IN_FLIGHT_BYTES - (PARALLEL as u64 / 2) * (8 << 20);
+                let extra = (data.len() as u64).saturating_sub(8 << 20).min(cap);
+                let _rest = budget
+                    .acquire_many(extra as u32)
+                    .await
+                    .map_err(|e| ClientError::Invalid(e.to_string()))?;
+                let len = data.len() as u64;
+                dst.push_blob(dst_repo, &d, data).await?;
+                drop(first);
+                copied.fetch_add(1, Ordering::Relaxed);
+                bytes.fetch_add(len, Ordering::Relaxed);
+                Ok::<(), ClientError>(())
+            }
+        })
+        .buffer_unordered(PARALLEL / 2)
+        .try_collect::<Vec<()>>()
+        .await?;
+
+    // Manifests, deepest first; siblings in parallel. The root goes by digest, then the tags.
+    let manifests: u64 = levels.iter().map(|l| l.len() as u64).sum();
+    let mut by_digest: HashMap<Digest, Digest> = HashMap::new();
+    for level in levels.iter().rev() {
+        let pushed: Vec<(Digest, Digest)> = futures_util::stream::iter(level.iter())
+            .map(|m| async move {
+                let got = dst
+                    .put_manifest(
+                        dst_repo,
+                        m.digest.as_str(),
+                        &m.media_type,
+                        m.bytes.clone(),
+                        None,
+                    )
+                    .await?;
+                Ok::<_, ClientError>((m.digest.clone(), got))
+            })
+            .buffer_unordered(PARALLEL)
+            .try_collect()
+            .await?;
+        by_digest.extend(pushed);
+    }
+    for (sent, got) in &by_digest {
+        if sent != got {
+            return Err(ClientError::DigestMismatch {
+                what: format!("manifest copied to {dst_repo}"),
+                expected: sent.clone(),
+                actual: got.clone(),
+            });
+        }
+    }
+    for tag in tags {
+        dst.put_manifest(
+            dst_repo,
+            tag.as_str(),
+            &root.media_type,
+            root.bytes.clone(),
+            None,
+        )
+        .await?;
+    }
+    Ok(CopyReport {
+        digest: root.digest.to_string(),
+        manifests,
+        blobs: blobs.len() as u64,
+        blobs_present: present.len() as u64,
+        blobs_mounted: mounted.into_inner(),
+        blobs_copied: copied.into_inner(),
+        bytes_copied: bytes.into_inner(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
