@@ -17,7 +17,7 @@ use vial_registry::{BlobBackend, Config, MetadataBackend};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial\n  vial serve --metadata-url postgres://vial:PASSWORD@db/vial --blob-url file:///srv/blobs\n  vial serve --config /etc/vial/vial.toml  # see docs/vial.example.toml"
+    after_help = "Examples:\n  vial serve                               # 127.0.0.1:5000, data in ./vial-data\n  vial serve --addr 0.0.0.0:5000 --data /srv/vial\n  vial serve --metadata-url postgres://vial:PASSWORD@db/vial --blob-url file:///srv/blobs\n  AWS_ACCESS_KEY_ID=… AWS_SECRET_ACCESS_KEY=… vial serve --blob-url 's3://models/vial?endpoint=http://minio:9000'\n  vial serve --htpasswd /etc/vial/htpasswd --token-key-file /etc/vial/token.key --tls-cert cert.pem --tls-key key.pem\n  vial serve --config /etc/vial/vial.toml  # every setting, auth rules too: see docs/vial.example.toml"
 )]
 pub struct ServeArgs {
     /// TOML config file; its settings are overridden by VIAL_… variables and flags.

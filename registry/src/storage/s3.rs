@@ -15,6 +15,8 @@
 //! for ordinary blobs and still reaches 1.6 TiB within the part limit; assembly copies ranges of up
 //! to 5 GiB.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -54,6 +56,8 @@ pub struct S3BlobStore {
     bucket: String,
     /// Empty, or ends with `/`.
     prefix: String,
+    /// Set once the store has said it cannot list multipart uploads, so the janitor stops asking.
+    cannot_list_uploads: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for S3BlobStore {
@@ -111,6 +115,7 @@ impl S3BlobStore {
             client: Client::from_conf(builder.build()),
             bucket: location.bucket.clone(),
             prefix,
+            cannot_list_uploads: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -812,15 +817,31 @@ impl BlobStore for S3BlobStore {
     }
 
     async fn sweep(&self, older_than: SystemTime) -> Result<u64, StorageError> {
+        if self.cannot_list_uploads.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
         let prefix = format!("{}uploads/", self.prefix);
-        let out = self
+        let out = match self
             .client
             .list_multipart_uploads()
             .bucket(&self.bucket)
             .prefix(&prefix)
             .send()
             .await
-            .map_err(|e| s3_error("ListMultipartUploads", &prefix, e))?;
+        {
+            Ok(out) => out,
+            Err(SdkError::ServiceError(e)) if e.err().code() == Some("NotImplemented") => {
+                // Some S3-compatible servers lack the call. Say so once; their own lifecycle
+                // rules (AbortIncompleteMultipartUpload) are the way to clean up there.
+                self.cannot_list_uploads.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    bucket = %self.bucket,
+                    "the object store cannot list multipart uploads; abandoned ones are left to the bucket's lifecycle rules"
+                );
+                return Ok(0);
+            }
+            Err(e) => return Err(s3_error("ListMultipartUploads", &prefix, e)),
+        };
         let mut aborted = 0;
         for upload in out.uploads() {
             let started = upload
