@@ -59,7 +59,9 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
     /// Starts an empty upload session.
     async fn create_upload(&self, id: &str) -> Result<(), StorageError>;
 
-    /// Bytes received so far by a session, or `None` if the session has no data in the store.
+    /// Bytes received so far by a session, or `None` if the store knows the session does not exist
+    /// (stores that keep nothing for an empty session answer `Some(0)`: the metadata store is what
+    /// says whether a session exists).
     async fn upload_size(&self, id: &str) -> Result<Option<u64>, StorageError>;
 
     /// Appends `body` to a session that currently holds exactly `offset` bytes and returns the new

@@ -138,8 +138,8 @@ impl S3BlobStore {
         Ok(format!("{}uploads/{id}/", self.prefix))
     }
 
-    /// The session's chunk objects in offset order.
-    async fn session_parts(&self, id: &str) -> Result<Option<Vec<ChunkObject>>, StorageError> {
+    /// The session's chunk objects in offset order (none for an empty session).
+    async fn session_parts(&self, id: &str) -> Result<Vec<ChunkObject>, StorageError> {
         let prefix = self.session_prefix(id)?;
         let mut parts = Vec::new();
         for (key, size) in self.list(&prefix).await? {
@@ -159,7 +159,7 @@ impl S3BlobStore {
             }
             expected += p.size;
         }
-        Ok(Some(parts))
+        Ok(parts)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
@@ -697,10 +697,8 @@ impl BlobStore for S3BlobStore {
     }
 
     async fn upload_size(&self, id: &str) -> Result<Option<u64>, StorageError> {
-        Ok(self
-            .session_parts(id)
-            .await?
-            .map(|parts| parts.iter().map(|p| p.size).sum()))
+        let parts = self.session_parts(id).await?;
+        Ok(Some(parts.iter().map(|p| p.size).sum()))
     }
 
     async fn append_upload(
@@ -731,10 +729,7 @@ impl BlobStore for S3BlobStore {
     }
 
     async fn read_upload(&self, id: &str) -> Result<ByteStream, StorageError> {
-        let parts = self
-            .session_parts(id)
-            .await?
-            .ok_or_else(|| StorageError::UploadMissing(id.to_owned()))?;
+        let parts = self.session_parts(id).await?;
         let store = self.clone();
         let stream = futures_util::stream::iter(parts)
             .then(move |part| {
@@ -762,10 +757,7 @@ impl BlobStore for S3BlobStore {
 
     async fn commit_upload(&self, id: &str, digest: &Digest) -> Result<u64, StorageError> {
         let prefix = self.session_prefix(id)?;
-        let parts = self
-            .session_parts(id)
-            .await?
-            .ok_or_else(|| StorageError::UploadMissing(id.to_owned()))?;
+        let parts = self.session_parts(id).await?;
         let size: u64 = parts.iter().map(|p| p.size).sum();
         let key = self.blob_key(digest);
         if self.head(&key).await? != Some(size) {
