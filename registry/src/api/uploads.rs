@@ -261,6 +261,7 @@ pub(super) async fn finish(
     }
     if whole.is_none()
         && declared != Some(0)
+        && range.is_none_or(|(start, _)| start == 0)
         && state.blobs.prefers_whole_puts()
         && state.blobs.upload_size(id).await? == Some(0)
     {
