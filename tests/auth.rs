@@ -585,4 +585,38 @@ fn https_with_a_given_certificate() {
         .get(format!("http://{}/v2/", server.addr))
         .send()
         .is_err());
+
+    // skopeo, verifying the certificate (no --tls-verify=false), given it as its CA.
+    if let Some(skopeo) = peer("skopeo") {
+        let certs = dir.path().join("certs.d");
+        std::fs::create_dir_all(&certs).unwrap();
+        std::fs::copy(&cert, certs.join("ca.crt")).unwrap();
+        let layout = dir.path().join("layout");
+        let manifest = write_layout(&layout, "v1", &[1 << 20], 6);
+        let remote = format!("docker://{}/tls/image:v1", server.addr);
+        run(Command::new(&skopeo)
+            .args([
+                "--insecure-policy",
+                "copy",
+                "--preserve-digests",
+                "--dest-cert-dir",
+            ])
+            .arg(&certs)
+            .arg(format!("oci:{}:v1", layout.display()))
+            .arg(&remote));
+        let raw = run(Command::new(&skopeo)
+            .args(["inspect", "--raw", "--cert-dir"])
+            .arg(&certs)
+            .arg(&remote));
+        assert_eq!(Algorithm::Sha256.digest_bytes(raw.as_bytes()), manifest);
+        // Without the CA, skopeo refuses the server.
+        let refused = Command::new(&skopeo)
+            .args(["inspect", "--raw", &remote])
+            .output()
+            .unwrap();
+        assert!(
+            !refused.status.success(),
+            "skopeo trusted an unknown certificate"
+        );
+    }
 }
