@@ -202,3 +202,66 @@ fn tag_moves_keep_digests_and_upload_nothing() {
         .unwrap();
     assert_eq!(r.headers()["docker-content-digest"], manifest.as_str());
 }
+
+#[test]
+fn copy_progress_accounts_for_every_byte_that_travels() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use vial_client::progress::{Event, Progress};
+
+    #[derive(Default)]
+    struct Count {
+        total: AtomicU64,
+        needed: AtomicU64,
+        transferred: AtomicU64,
+    }
+    impl Progress for Count {
+        fn event(&self, event: Event) {
+            match event {
+                Event::Scanned { bytes, .. } => self.total.fetch_add(bytes, Ordering::Relaxed),
+                Event::Needed(n) => self.needed.fetch_add(n, Ordering::Relaxed),
+                Event::Transferred(n) => self.transferred.fetch_add(n, Ordering::Relaxed),
+                Event::Hashed(_) => 0,
+            };
+        }
+    }
+
+    let (a, b) = (Server::start(), Server::start());
+    let work = tempfile::tempdir().unwrap();
+    let home = work.path().join("home");
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("w.bin"), pseudo_random(6 << 20, 8)).unwrap();
+    let pushed = push_json(
+        &home,
+        &src,
+        &format!("{}/weights/p", a.addr),
+        &["--tag", "v1"],
+    );
+
+    let count = Count::default();
+    let options = vial_client::RegistryOptions::default();
+    let (from, to) = (
+        vial_client::Registry::new(&a.addr, &options).unwrap(),
+        vial_client::Registry::new(&b.addr, &options).unwrap(),
+    );
+    let repo = vial_core::RepoName::parse("weights/p").unwrap();
+    let report = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(vial_client::copy::copy(
+            vial_client::copy::Endpoints {
+                src: &from,
+                src_repo: &repo,
+                dst: &to,
+                dst_repo: &repo,
+            },
+            &vial_core::Target::Tag(vial_core::Tag::parse("v1").unwrap()),
+            &[],
+            &count,
+        ))
+        .unwrap();
+    assert_eq!(report.digest, pushed["digest"].as_str().unwrap());
+    let needed = count.needed.load(Ordering::Relaxed);
+    assert_eq!(needed, count.transferred.load(Ordering::Relaxed));
+    assert_eq!(needed, report.bytes_copied);
+    assert!(count.total.load(Ordering::Relaxed) >= 6 << 20);
+}

@@ -5,7 +5,9 @@ use anyhow::{bail, Context};
 use clap::Args;
 use vial_client::copy::{copy, Endpoints};
 
-use crate::common::{block_on, human_bytes, parse_reference, print_json, RegistryArgs};
+use std::io::IsTerminal;
+
+use crate::common::{block_on, human_bytes, parse_reference, print_json, Bars, RegistryArgs};
 
 #[derive(Debug, Args)]
 #[command(
@@ -33,6 +35,11 @@ pub fn run(args: CopyArgs) -> anyhow::Result<()> {
     let tags: Vec<_> = dst.tag().or(src.tag()).cloned().into_iter().collect();
     let from = args.registry.connect(src.registry())?;
     let to = args.registry.connect(dst.registry())?;
+    let bar = Bars::new(
+        "checked",
+        "copied",
+        !args.json && std::io::stderr().is_terminal(),
+    );
     block_on(async {
         let report = copy(
             Endpoints {
@@ -43,9 +50,11 @@ pub fn run(args: CopyArgs) -> anyhow::Result<()> {
             },
             &src.target(),
             &tags,
+            bar.as_ref(),
         )
         .await
         .with_context(|| format!("copy of {src} to {dst} failed"))?;
+        bar.finish();
         if args.json {
             return print_json(&report);
         }

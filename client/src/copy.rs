@@ -16,9 +16,10 @@ use std::time::Instant;
 
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::Semaphore;
-use vial_core::manifest::summarize;
+use vial_core::manifest::{summarize, Descriptor};
 use vial_core::{Digest, RepoName, Tag, Target};
 
+use crate::progress::{Event, Progress};
 use crate::{ClientError, Manifest, Registry};
 
 /// Bytes of blobs held in memory at once while they pass from one registry to the other.
@@ -55,6 +56,7 @@ pub async fn copy(
     at: Endpoints<'_>,
     target: &Target,
     tags: &[Tag],
+    progress: &dyn Progress,
 ) -> Result<CopyReport, ClientError> {
     let started = Instant::now();
     let Endpoints {
@@ -75,6 +77,7 @@ pub async fn copy(
     let mut seen: HashSet<Digest> = HashSet::from([root.digest.clone()]);
     let mut blobs: Vec<Digest> = Vec::new();
     let mut blob_seen: HashSet<Digest> = HashSet::new();
+    let mut sizes: HashMap<Digest, u64> = HashMap::new();
     let mut level = vec![root.clone()];
     while !level.is_empty() {
         let mut children = Vec::new();
@@ -82,6 +85,7 @@ pub async fn copy(
             let summary = summarize(Some(&m.media_type), &m.bytes).map_err(|e| {
                 ClientError::InvalidVolume(format!("manifest {} cannot be read: {e}", m.digest))
             })?;
+            sizes.extend(descriptor_sizes(&m.bytes));
             for b in summary.blobs {
                 if blob_seen.insert(b.clone()) {
                     blobs.push(b);
@@ -123,6 +127,22 @@ pub async fn copy(
         .cloned()
         .collect();
 
+    // The first bar: the whole version, checked against the destination; the second: what travels.
+    let total: u64 = blobs
+        .iter()
+        .map(|d| sizes.get(d).copied().unwrap_or(0))
+        .sum();
+    progress.event(Event::Scanned {
+        files: blobs.len() as u64,
+        bytes: total,
+    });
+    progress.event(Event::Hashed(total));
+    progress.event(Event::Needed(
+        missing
+            .iter()
+            .map(|d| sizes.get(d).copied().unwrap_or(0))
+            .sum(),
+    ));
     let same_registry = src.host() == dst.host();
     let mounted = AtomicU64::new(0);
     let copied = AtomicU64::new(0);
@@ -130,10 +150,12 @@ pub async fn copy(
     let budget = Arc::new(Semaphore::new(IN_FLIGHT_BYTES as usize));
     futures_util::stream::iter(missing)
         .map(|d| {
-            let (budget, mounted, copied, bytes) = (&budget, &mounted, &copied, &bytes);
+            let (budget, mounted, copied, bytes, sizes) =
+                (&budget, &mounted, &copied, &bytes, &sizes);
             async move {
                 if same_registry && dst.mount_blob(dst_repo, &d, src_repo).await? {
                     mounted.fetch_add(1, Ordering::Relaxed);
+                    progress.event(Event::Transferred(sizes.get(&d).copied().unwrap_or(0)));
                     return Ok(());
                 }
                 // Hold a share of the memory budget for the blob while it is in memory. The size
@@ -154,6 +176,7 @@ pub async fn copy(
                 let len = data.len() as u64;
                 dst.push_blob(dst_repo, &d, data).await?;
                 drop(first);
+                progress.event(Event::Transferred(len));
                 copied.fetch_add(1, Ordering::Relaxed);
                 bytes.fetch_add(len, Ordering::Relaxed);
                 Ok::<(), ClientError>(())
@@ -214,4 +237,23 @@ pub async fn copy(
         bytes_copied: bytes.into_inner(),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Sizes of the blobs a manifest's descriptors name (config and layers), for progress.
+fn descriptor_sizes(bytes: &[u8]) -> Vec<(Digest, u64)> {
+    #[derive(serde::Deserialize)]
+    struct Shape {
+        config: Option<Descriptor>,
+        #[serde(default)]
+        layers: Vec<Descriptor>,
+    }
+    serde_json::from_slice::<Shape>(bytes)
+        .map(|s| {
+            s.config
+                .into_iter()
+                .chain(s.layers)
+                .map(|d| (d.digest, d.size))
+                .collect()
+        })
+        .unwrap_or_default()
 }
