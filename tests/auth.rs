@@ -620,3 +620,105 @@ fn https_with_a_given_certificate() {
         );
     }
 }
+
+#[test]
+fn the_vial_cli_trusts_a_private_ca_from_the_system_store() {
+    // The CLI speaks plain HTTP to loopback registries, so this needs an address of the machine's
+    // own that is not loopback.
+    let Some(ip) = String::from_utf8_lossy(&run(Command::new("hostname").arg("-I")).into_bytes())
+        .split_whitespace()
+        .filter_map(|a| a.parse::<std::net::Ipv4Addr>().ok())
+        .find(|a| !a.is_loopback())
+    else {
+        eprintln!("SKIP: no non-loopback IPv4 address");
+        return;
+    };
+    let Some(openssl) = peer("openssl") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    run(Command::new(&openssl)
+        .args(["req", "-x509", "-days", "1", "-subj", "/CN=vial test CA"])
+        .args(ec)
+        .args(["-keyout", &p("ca.key"), "-out", &p("ca.pem")]));
+    run(Command::new(&openssl)
+        .args(["req", "-subj", &format!("/CN={ip}")])
+        .args(ec)
+        .args(["-keyout", &p("key.pem"), "-out", &p("leaf.csr")]));
+    std::fs::write(
+        p("leaf.ext"),
+        format!("subjectAltName=IP:{ip}\nbasicConstraints=CA:FALSE\n"),
+    )
+    .unwrap();
+    run(Command::new(&openssl)
+        .args(["x509", "-req", "-days", "1", "-in", &p("leaf.csr")])
+        .args([
+            "-CA",
+            &p("ca.pem"),
+            "-CAkey",
+            &p("ca.key"),
+            "-CAcreateserial",
+        ])
+        .args(["-extfile", &p("leaf.ext"), "-out", &p("cert.pem")]));
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        &[
+            "--addr",
+            &format!("{ip}:0"),
+            "--tls-cert",
+            &p("cert.pem"),
+            "--tls-key",
+            &p("key.pem"),
+        ],
+    );
+
+    let home = dir.path().join("home");
+    let src = home.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("w.bin"), pseudo_random(2 << 20, 4)).unwrap();
+    let reference = format!("{}/weights/tls:v1", server.addr);
+    let vial_with_ca = |ca: &str, args: &[&str]| {
+        Command::new(crate::support::vial_bin())
+            .args(args)
+            .env("HOME", &home)
+            .env("DOCKER_CONFIG", home.join("docker"))
+            .env("SSL_CERT_FILE", ca)
+            .env("VIAL_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    // With the system's usual roots the private CA is unknown: refused.
+    let refused = vial_with_ca(
+        "/etc/ssl/certs/ca-certificates.crt",
+        &["push", src.to_str().unwrap(), &reference],
+    );
+    assert!(!refused.status.success(), "an unknown CA was trusted");
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("certificate"),
+        "the error should say why: {why}"
+    );
+    // With the CA in the trust store (SSL_CERT_FILE, as for curl and git), push and pull work.
+    let pushed = vial_with_ca(&p("ca.pem"), &["push", src.to_str().unwrap(), &reference]);
+    assert!(
+        pushed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    let out = home.join("out");
+    let pulled = vial_with_ca(&p("ca.pem"), &["pull", &reference, out.to_str().unwrap()]);
+    assert!(
+        pulled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pulled.stderr)
+    );
+    assert_same_tree(&src, &out);
+}

@@ -95,8 +95,13 @@ impl Server {
 
     /// Starts a registry with exactly these arguments and extra environment.
     pub fn start_with(data: &Path, args: &[String], env: &[(&'static str, String)]) -> Server {
-        let mut child = Command::new(vial_bin())
-            .args(["serve", "--addr", "127.0.0.1:0", "--data"])
+        let mut command = Command::new(vial_bin());
+        command.arg("serve");
+        if !args.iter().any(|a| a == "--addr") {
+            command.args(["--addr", "127.0.0.1:0"]);
+        }
+        let mut child = command
+            .arg("--data")
             .arg(data)
             .args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
