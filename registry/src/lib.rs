@@ -93,6 +93,15 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let (meta, blobs) = open_storage(&config).await?;
     let (router, state) = app(config, meta, blobs)?;
+    // An unreachable bucket or wrong credentials should be the first thing an operator reads, not
+    // something to infer from failed pushes. The server serves meanwhile (the store may come
+    // back); /readyz reports it until then.
+    let probe = Arc::clone(&state);
+    tokio::spawn(async move {
+        if let Err(e) = probe.blobs.ping().await {
+            tracing::warn!(blobs = ?probe.config.blobs, error = %error::error_chain(&e), "blob store is not reachable yet");
+        }
+    });
     let janitor = tokio::spawn(janitor(Arc::clone(&state)));
     let addr = listener.local_addr().map_err(ServeError::Listen)?;
     tracing::info!(%addr, "registry listening");
