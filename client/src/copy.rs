@@ -110,17 +110,7 @@ pub async fn copy(
     }
 
     // Which blobs the destination lacks.
-    let present: HashSet<Digest> = match dst.blobs_present(dst_repo, &blobs).await? {
-        Some(p) => p.into_iter().collect(),
-        None => {
-            futures_util::stream::iter(blobs.iter().cloned())
-                .map(|d| async move { dst.blob_exists(dst_repo, &d).await.map(|e| (d, e)) })
-                .buffer_unordered(PARALLEL)
-                .try_filter_map(|(d, exists)| async move { Ok(exists.then_some(d)) })
-                .try_collect()
-                .await?
-        }
-    };
+    let present = dst.present_blobs(dst_repo, &blobs).await?;
     let missing: Vec<Digest> = blobs
         .iter()
         .filter(|d| !present.contains(*d))

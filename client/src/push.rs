@@ -30,7 +30,7 @@ use crate::scan::{self, LocalIndex, Scanned, Stamp};
 use crate::{ClientError, Registry};
 
 /// Digests per existence check, the extension's limit.
-const CHECK_BATCH: usize = 4096;
+const CHECK_BATCH: usize = crate::registry::PRESENT_BATCH;
 
 #[derive(Debug, Clone)]
 pub struct PushOptions {
@@ -421,25 +421,7 @@ async fn missing_chunks(
     stats: &Stats,
 ) -> Result<Vec<ChunkLoc>, ClientError> {
     let digests: Vec<Digest> = batch.iter().map(|c| c.digest.clone()).collect();
-    let present: HashSet<Digest> = match registry.blobs_present(repo, &digests).await? {
-        Some(p) => p.into_iter().collect(),
-        None => {
-            // A registry without vial's extension: one HEAD per chunk, 32 at a time.
-            let checks = futures_util::stream::iter(digests.iter().cloned())
-                .map(|d| async move { registry.blob_exists(repo, &d).await.map(|e| (d, e)) })
-                .buffer_unordered(32)
-                .collect::<Vec<_>>()
-                .await;
-            let mut p = HashSet::new();
-            for c in checks {
-                let (d, exists) = c?;
-                if exists {
-                    p.insert(d);
-                }
-            }
-            p
-        }
-    };
+    let present = registry.present_blobs(repo, &digests).await?;
     let mut missing = Vec::new();
     for loc in batch {
         if present.contains(&loc.digest) {
@@ -490,14 +472,10 @@ async fn seal(registry: &Registry, repo: &RepoName, layout: &Layout) -> Result<(
         (&empty, Bytes::from_static(b"{}")),
         (&layout.tree.digest, Bytes::from(layout.tree.bytes.clone())),
     ] {
-        let present = match registry
-            .blobs_present(repo, std::slice::from_ref(digest))
-            .await?
-        {
-            Some(p) => !p.is_empty(),
-            None => registry.blob_exists(repo, digest).await?,
-        };
-        if !present {
+        let present = registry
+            .present_blobs(repo, std::slice::from_ref(digest))
+            .await?;
+        if !present.contains(digest) {
             registry.push_blob(repo, digest, bytes).await?;
         }
     }

@@ -1,17 +1,21 @@
 //! A small OCI Distribution API client with retries, token authentication and vial's extensions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Deserialize;
 use vial_core::{Algorithm, Digest, RepoName, Target};
 
 use crate::auth::{self, Challenge, Credentials};
 use crate::ClientError;
+
+/// Most digests one bulk existence check carries (the limit vial registries enforce).
+pub(crate) const PRESENT_BATCH: usize = 4096;
 
 /// How to reach a registry.
 #[derive(Debug, Clone)]
@@ -396,6 +400,36 @@ impl Registry {
             }
             _ => Err(self.error(r, "existence check").await),
         }
+    }
+
+    /// Of `digests`, those `repo` holds: vial's bulk check in batches where the registry has it,
+    /// else one HEAD per blob, 32 at a time.
+    pub async fn present_blobs(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+    ) -> Result<HashSet<Digest>, ClientError> {
+        let mut present = HashSet::new();
+        for batch in digests.chunks(PRESENT_BATCH) {
+            match self.blobs_present(repo, batch).await? {
+                Some(p) => present.extend(p),
+                None => {
+                    let checks = futures_util::stream::iter(digests.iter().cloned())
+                        .map(|d| async move { self.blob_exists(repo, &d).await.map(|e| (d, e)) })
+                        .buffer_unordered(32)
+                        .collect::<Vec<_>>()
+                        .await;
+                    for check in checks {
+                        let (d, exists) = check?;
+                        if exists {
+                            present.insert(d);
+                        }
+                    }
+                    return Ok(present);
+                }
+            }
+        }
+        Ok(present)
     }
 
     /// HEAD of a blob in `repo`.
