@@ -371,28 +371,11 @@ impl Auth {
         }
     }
 
-    /// Whether the bearer of `authorization` may pull from every repository (by the rules, since
-    /// a token names repositories one by one): the condition for linking blobs across
-    /// repositories on their behalf.
-    pub fn may_pull_everything(&self, authorization: Option<&str>) -> bool {
-        let subject = match authorization.and_then(|h| h.strip_prefix("Bearer ")) {
-            Some(token) => match self.verify(token.trim()) {
-                Ok(identity) => identity.subject,
-                Err(_) => return false,
-            },
-            None => ANONYMOUS.to_owned(),
-        };
-        if self.settings.rules.is_empty() {
-            return subject != ANONYMOUS;
-        }
-        self.settings.rules.iter().any(|rule| {
-            rule.repositories == "*"
-                && rule.actions.contains(&Action::Pull)
-                && rule
-                    .users
-                    .iter()
-                    .any(|u| *u == subject || (u == "*" && subject != ANONYMOUS))
-        })
+    /// Whether `subject` may pull from every repository (by the rules, since a token names
+    /// repositories one by one): the condition for listing the catalog and for linking blobs
+    /// across repositories on its behalf.
+    pub fn may_pull_everything(&self, subject: &str) -> bool {
+        self.allowed(subject, "*", Action::Pull)
     }
 
     fn challenge_header(&self, need: &Need, realm: &str, error: Option<&str>) -> String {
@@ -491,7 +474,7 @@ impl Auth {
                         });
                     }
                 }
-                "registry" if name == "catalog" && self.allowed(subject, "*", Action::Pull) => {
+                "registry" if name == "catalog" && self.may_pull_everything(subject) => {
                     access.push(Access {
                         kind: kind.into(),
                         name: name.into(),

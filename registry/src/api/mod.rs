@@ -30,6 +30,8 @@ pub(crate) struct Request {
     pub method: Method,
     pub query: Query,
     pub headers: HeaderMap,
+    /// Who is asking, once authorized (`None` with authentication off).
+    pub subject: Option<String>,
 }
 
 /// Decoded query parameters, keeping repeated keys (`?tag=a&tag=b`).
@@ -103,6 +105,7 @@ pub(crate) async fn dispatch(
                     method: method.clone(),
                     query: Query::parse(uri.query()),
                     headers,
+                    subject: None,
                 };
                 let response = match authorize(&state, &endpoint, &mut request) {
                     Ok(()) => handle(&state, endpoint, request, body)
@@ -178,11 +181,12 @@ fn authorize(state: &AppState, endpoint: &Endpoint, req: &mut Request) -> Result
         req.header("host").unwrap_or("localhost")
     );
     let authorization = req.header("authorization").map(str::to_owned);
-    auth.authorize(
+    let identity = auth.authorize(
         authorization.as_deref(),
         &need(endpoint, &req.method),
         &realm,
     )?;
+    req.subject = Some(identity.subject);
     if let (Endpoint::UploadStart(_), Some(from)) = (endpoint, req.query.get("from")) {
         let source = Need::Repository(from.to_owned(), Action::Pull);
         if auth
@@ -320,10 +324,10 @@ async fn handle(
         }
         (Endpoint::Upload(repo, id), Method::DELETE) => uploads::cancel(state, &repo, &id).await,
         (Endpoint::BlobsPresent(repo), Method::POST) => {
-            let across = state
-                .auth
-                .as_ref()
-                .is_none_or(|auth| auth.may_pull_everything(req.header("authorization")));
+            let across = match (&state.auth, &req.subject) {
+                (Some(auth), Some(subject)) => auth.may_pull_everything(subject),
+                _ => true,
+            };
             vial::blobs_present(state, &repo, body, across).await
         }
         (Endpoint::Versions(repo), Method::GET) => vial::versions(state, &repo).await,

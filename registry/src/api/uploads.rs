@@ -110,9 +110,30 @@ async fn put_small(
     if &computed != digest {
         return Err(digest_mismatch(digest, &computed));
     }
+    store_verified(state, repo, digest, bytes).await
+}
+
+/// Writes a verified in-memory blob to the store and links it to `repo`.
+async fn store_verified(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    bytes: bytes::Bytes,
+) -> Result<Response, ApiError> {
+    let size = bytes.len() as u64;
     state.blobs.put(digest, bytes).await?;
-    state.meta.commit_blob(repo, digest, len).await?;
-    tracing::info!(%repo, %digest, size = len, "blob committed");
+    link_stored(state, repo, digest, size).await
+}
+
+/// Links a blob the store now holds to `repo`: from here on it is visible.
+async fn link_stored(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    size: u64,
+) -> Result<Response, ApiError> {
+    state.meta.commit_blob(repo, digest, size).await?;
+    tracing::info!(%repo, %digest, size, "blob committed");
     Ok(created_blob(repo, digest))
 }
 
@@ -141,11 +162,7 @@ async fn put_streaming(
         ok
     });
     match state.blobs.put_streamed(digest, stream, verify).await {
-        Ok(Some(size)) => {
-            state.meta.commit_blob(repo, digest, size).await?;
-            tracing::info!(%repo, %digest, size, "blob committed");
-            Ok(created_blob(repo, digest))
-        }
+        Ok(Some(size)) => link_stored(state, repo, digest, size).await,
         Ok(None) => {
             let actual = computed.lock().ok().and_then(|mut c| c.take());
             Err(match actual {
@@ -251,11 +268,9 @@ pub(super) async fn finish(
         let bytes = receive_whole(state, body.take(), len).await?;
         let computed = hash_in_background(&bytes, digest.algorithm()).await?;
         if computed == digest {
-            state.blobs.put(&digest, bytes).await?;
-            state.meta.commit_blob(repo, &digest, len).await?;
-            tracing::info!(%repo, %digest, size = len, "blob committed");
+            let response = store_verified(state, repo, &digest, bytes).await?;
             discard(state, id).await;
-            return Ok(created_blob(repo, &digest));
+            return Ok(response);
         }
         body = Some(axum::body::Body::from(bytes));
     }
@@ -426,11 +441,10 @@ async fn commit(
         return Err(digest_mismatch(digest, &computed));
     }
     let size = state.blobs.commit_upload(id, digest).await?;
-    state.meta.commit_blob(repo, digest, size).await?;
+    let response = link_stored(state, repo, digest, size).await?;
     state.meta.delete_upload(id).await?;
     state.sessions.remove(id);
-    tracing::info!(%repo, %digest, size, "blob committed");
-    Ok(created_blob(repo, digest))
+    Ok(response)
 }
 
 /// Best-effort removal of a session nobody will come back to.
