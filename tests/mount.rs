@@ -85,6 +85,24 @@ fn checkpoint(dir: &Path, shards: u64, seed: u64) {
     std::os::unix::fs::symlink("config.json", dir.join("config.link")).unwrap();
 }
 
+/// Writes `files` (name, size, seed) of pseudo-random bytes into `home/src` and pushes them as
+/// `{server}/weights/{name}:v1`. Returns the source directory and the push report.
+fn push_files(
+    server: &Server,
+    home: &Path,
+    name: &str,
+    files: &[(&str, usize, u64)],
+) -> (PathBuf, serde_json::Value) {
+    let src = home.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for (file, size, seed) in files {
+        std::fs::write(src.join(file), pseudo_random(*size, *seed)).unwrap();
+    }
+    let reference = format!("{}/weights/{name}", server.addr);
+    let report = push_json(home, &src, &reference, &["--tag", "v1"]);
+    (src, report)
+}
+
 #[test]
 fn a_mounted_volume_reads_back_byte_for_byte_and_refuses_writes() {
     if !fuse_available() {
@@ -274,16 +292,15 @@ fn corrupt_chunks_are_eio_and_a_dead_registry_fails_reads_in_bounded_time() {
     let server = Server::start();
     let proxy = Proxy::start(&server.addr);
     let home = tempfile::tempdir().unwrap();
-    let src = home.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("a.bin"), pseudo_random(3 << 20, 1)).unwrap();
-    std::fs::write(src.join("b.bin"), pseudo_random(3 << 20, 2)).unwrap();
-    std::fs::write(src.join("c.bin"), pseudo_random(3 << 20, 3)).unwrap();
-    push_json(
+    let (src, _) = push_files(
+        &server,
         home.path(),
-        &src,
-        &format!("{}/weights/faults", server.addr),
-        &["--tag", "v1"],
+        "faults",
+        &[
+            ("a.bin", 3 << 20, 1),
+            ("b.bin", 3 << 20, 2),
+            ("c.bin", 3 << 20, 3),
+        ],
     );
     let m = Mount::new(
         home.path(),
@@ -337,14 +354,11 @@ fn concurrent_readers_get_the_same_bytes_and_each_chunk_is_fetched_once() {
     }
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
-    let src = home.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("shared.bin"), pseudo_random(40 << 20, 5)).unwrap();
-    let report = push_json(
+    let (src, report) = push_files(
+        &server,
         home.path(),
-        &src,
-        &format!("{}/weights/concurrent", server.addr),
-        &["--tag", "v1"],
+        "concurrent",
+        &[("shared.bin", 40 << 20, 5)],
     );
     let m = Mount::new(
         home.path(),
@@ -388,15 +402,7 @@ fn umount_with_open_files_and_a_killed_mount_process() {
     }
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
-    let src = home.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("w.bin"), pseudo_random(5 << 20, 8)).unwrap();
-    push_json(
-        home.path(),
-        &src,
-        &format!("{}/weights/lifecycle", server.addr),
-        &["--tag", "v1"],
-    );
+    let (src, _) = push_files(&server, home.path(), "lifecycle", &[("w.bin", 5 << 20, 8)]);
     let reference = format!("{}/weights/lifecycle:v1", server.addr);
 
     // Busy: a plain umount refuses and says why; a lazy one detaches and open files keep working.
@@ -473,15 +479,7 @@ fn mount_dot_vial_takes_mount8_arguments() {
     }
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
-    let src = home.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("w.bin"), pseudo_random(100_000, 3)).unwrap();
-    push_json(
-        home.path(),
-        &src,
-        &format!("{}/weights/fstab", server.addr),
-        &["--tag", "v1"],
-    );
+    let (src, _) = push_files(&server, home.path(), "fstab", &[("w.bin", 100_000, 3)]);
     // mount(8) runs /sbin/mount.vial SOURCE DIR -o OPTIONS; a link named mount.vial does the same.
     let helper = home.path().join("mount.vial");
     std::os::unix::fs::symlink(crate::support::vial_bin(), &helper).unwrap();
