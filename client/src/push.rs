@@ -356,7 +356,7 @@ fn hash_all(
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| -> Result<(), ClientError> {
-                    let mut buf = chunker::window_for(cutter);
+                    let mut buf = chunker::Window::for_cutter(cutter);
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(job) = jobs.get(i) else {

@@ -7,6 +7,7 @@
 //! has already been checked against the grammar of the OCI distribution specification, so code that
 //! receives one never re-validates it.
 
+pub mod chunker;
 pub mod chunking;
 mod digest;
 pub mod manifest;
