@@ -7,6 +7,7 @@ mod info;
 mod login;
 mod mount;
 mod push;
+mod seal;
 mod serve;
 mod tag;
 
@@ -46,6 +47,8 @@ enum Command {
     Pull(push::PullArgs),
     /// Copy a version (or any artifact) to another repository or registry, digest unchanged.
     Copy(copy::CopyArgs),
+    /// Seal a file artifact pushed by another tool (oras push, ModelPack) into a vial volume.
+    Seal(seal::SealArgs),
     /// Point, list and remove tags.
     Tag(tag::TagArgs),
     /// List the sealed versions of a volume: digest, size, files, tags, creation time.
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Push(args) => push::run_push(args),
         Command::Pull(args) => push::run_pull(args),
         Command::Copy(args) => copy::run(args),
+        Command::Seal(args) => seal::run(args),
         Command::Tag(args) => tag::run(args),
         Command::Versions(args) => info::run_versions(args),
         Command::Ls(args) => info::run_ls(args),

@@ -77,6 +77,17 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, env = "VIAL_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+
+    /// Seal file artifacts that other tools push (oras push, ModelPack, Docker model artifacts)
+    /// into vial volumes in the background, so they mount lazily and dedup with vial pushes
+    /// [default: true].
+    #[arg(long, env = "VIAL_SEAL_ON_PUSH", value_name = "BOOL")]
+    seal_on_push: Option<bool>,
+
+    /// Run background jobs (seals) in this process [default: true]. With several replicas, some
+    /// may serve HTTP only; jobs queued there run on the others.
+    #[arg(long, env = "VIAL_RUN_JOBS", value_name = "BOOL")]
+    run_jobs: Option<bool>,
 }
 
 /// The config file: the same settings as the flags. Unknown keys are an error, so a typo never
@@ -96,6 +107,8 @@ pub struct FileConfig {
     janitor_interval: Option<Duration>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    seal_on_push: Option<bool>,
+    run_jobs: Option<bool>,
     auth: Option<FileAuth>,
 }
 
@@ -169,6 +182,8 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
         config.blobs = BlobBackend::from_url(url)?;
     }
     config.redirect_blobs = args.redirect_blobs || file.redirect_blobs.unwrap_or(false);
+    config.seal_on_push = args.seal_on_push.or(file.seal_on_push).unwrap_or(true);
+    config.run_jobs = args.run_jobs.or(file.run_jobs).unwrap_or(true);
     if let (Some(cert), Some(key)) = (
         args.tls_cert.clone().or(file.tls_cert),
         args.tls_key.clone().or(file.tls_key),

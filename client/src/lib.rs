@@ -16,4 +16,4 @@ mod scan;
 pub mod volume;
 
 pub use error::ClientError;
-pub use registry::{Manifest, Registry, RegistryOptions, VersionInfo};
+pub use registry::{Manifest, Registry, RegistryOptions, SealStatus, VersionInfo};

@@ -49,6 +49,20 @@ pub struct Manifest {
     pub digest: Digest,
 }
 
+/// A seal job as vial's seal extension reports it.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct SealStatus {
+    pub subject: String,
+    /// `queued`, `running`, `done` or `failed`.
+    pub state: String,
+    #[serde(default)]
+    pub volume: Option<Digest>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub attempts: i64,
+}
+
 /// One entry of vial's versions extension.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct VersionInfo {
@@ -821,6 +835,34 @@ impl Registry {
                 _ => Ok(None),
             },
             _ => Err(self.error(r, "versions").await),
+        }
+    }
+
+    /// Where vial's seal of the artifact `digest` is (the `_vial/seal` extension). `start` asks
+    /// for the seal (needs push access) and queues it again if it failed. `None` when the
+    /// registry cannot seal, or has not been asked to seal this artifact.
+    pub async fn seal(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        start: bool,
+    ) -> Result<Option<SealStatus>, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/seal/{digest}"));
+        let method = if start { Method::POST } else { Method::GET };
+        let r = self
+            .send(&Self::scope(repo, start), "seal", |c| {
+                c.request(method.clone(), &url)
+            })
+            .await?;
+        match r.status() {
+            s if s.is_success() => Ok(Some(r.json().await.map_err(|e| self.transport(e))?)),
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
+                match self.error(r, &format!("seal of {repo}@{digest}")).await {
+                    e @ ClientError::RepositoryNotFound(_) => Err(e),
+                    _ => Ok(None),
+                }
+            }
+            _ => Err(self.error(r, &format!("seal of {repo}@{digest}")).await),
         }
     }
 

@@ -1,6 +1,9 @@
 //! Opening a sealed version: resolve a reference to its index, then fetch and validate its tree.
 
+use std::time::Duration;
+
 use futures_util::StreamExt;
+use vial_core::manifest::ImageManifest;
 use vial_core::volume::{chunks_from_part, tree_from_manifest, Tree, VolumeIndex};
 use vial_core::{media, Digest, RepoName, Target};
 
@@ -12,11 +15,19 @@ pub struct Version {
     pub digest: Digest,
     pub index: VolumeIndex,
     pub tree: Tree,
+    /// The artifact this volume was sealed from, when the reference named one (an `oras push`).
+    pub sealed_from: Option<Digest>,
 }
+
+/// How long to wait between looks at a seal in progress, at most.
+const SEAL_POLL_MAX: Duration = Duration::from_secs(2);
 
 /// Resolves `target` (a tag is resolved once, here) and loads the version's tree and chunk table:
 /// the index, then the tree blob and the part manifests in one parallel wave (plus the tree
 /// manifest first when the index does not name the tree blob), whatever the volume's size.
+///
+/// A reference to a file artifact pushed by another tool (`oras push`) opens the volume the
+/// registry sealed from it, asking for the seal and waiting for it if need be.
 pub async fn open(
     registry: &Registry,
     repo: &RepoName,
@@ -30,6 +41,22 @@ pub async fn open(
         .get_manifest(repo, target)
         .await?
         .ok_or_else(|| ClientError::NotFound(what.clone()))?;
+    if manifest.media_type == media::OCI_MANIFEST || manifest.media_type == media::DOCKER_MANIFEST {
+        let artifact: ImageManifest = serde_json::from_slice(&manifest.bytes)
+            .map_err(|e| ClientError::NotAVolume(what.clone(), e.to_string()))?;
+        vial_oras_compat::recognize(&artifact).map_err(|e| {
+            ClientError::NotAVolume(what.clone(), format!("not a file artifact either: {e}"))
+        })?;
+        let volume = sealed_volume(registry, repo, &manifest.digest, &what).await?;
+        let mut version = Box::pin(open(registry, repo, &Target::Digest(volume))).await?;
+        if version.index.index.subject.as_ref().map(|s| &s.digest) != Some(&manifest.digest) {
+            return Err(ClientError::InvalidVolume(format!(
+                "the registry's seal of {what} is not attached to it"
+            )));
+        }
+        version.sealed_from = Some(manifest.digest);
+        return Ok(version);
+    }
     if manifest.media_type != media::OCI_INDEX {
         return Err(ClientError::NotAVolume(
             what,
@@ -76,5 +103,51 @@ pub async fn open(
         digest: manifest.digest,
         index,
         tree,
+        sealed_from: None,
     })
+}
+
+/// The volume the registry sealed from the artifact `digest`: the registry's own record of the
+/// seal, never just any referrer, since anyone who may push could attach a volume to an artifact.
+/// Asks for the seal when there is none (or it failed) and waits while it runs.
+pub async fn sealed_volume(
+    registry: &Registry,
+    repo: &RepoName,
+    digest: &Digest,
+    what: &str,
+) -> Result<Digest, ClientError> {
+    let mut status = registry.seal(repo, digest, false).await?;
+    if status
+        .as_ref()
+        .is_none_or(|s| s.state == "failed" || (s.state == "done" && s.volume.is_none()))
+    {
+        status = registry.seal(repo, digest, true).await?;
+    }
+    let mut wait = Duration::from_millis(100);
+    let mut announced = false;
+    loop {
+        let Some(s) = status else {
+            return Err(ClientError::NotAVolume(
+                what.to_owned(),
+                "it is a file artifact, and this registry cannot seal it into a volume (a vial registry can)".into(),
+            ));
+        };
+        match (s.state.as_str(), s.volume) {
+            ("done", Some(volume)) => return Ok(volume),
+            ("failed", _) => {
+                return Err(ClientError::Invalid(format!(
+                    "the registry could not seal {what} into a volume: {}",
+                    s.error.as_deref().unwrap_or("no reason given")
+                )))
+            }
+            _ => {}
+        }
+        if !announced {
+            tracing::info!("waiting for the registry to seal {what} into a volume");
+            announced = true;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(SEAL_POLL_MAX);
+        status = registry.seal(repo, digest, false).await?;
+    }
 }

@@ -473,6 +473,12 @@ pub fn split_parts(chunks: &[ChunkRef]) -> Vec<&[ChunkRef]> {
 
 /// Builds the OCI objects of a version from its tree.
 pub fn build_layout(tree: &Tree) -> Layout {
+    build_layout_for(tree, None)
+}
+
+/// Builds the OCI objects of a version whose index names `subject` (the artifact it was sealed
+/// from), so the version is listed among that artifact's referrers.
+pub fn build_layout_for(tree: &Tree, subject: Option<Descriptor>) -> Layout {
     let tree_blob = Blob::new(tree.to_json());
     let tree_manifest = image_manifest(
         TREE_ARTIFACT_TYPE,
@@ -519,7 +525,7 @@ pub fn build_layout(tree: &Tree) -> Layout {
         media_type: Some(media::OCI_INDEX.to_owned()),
         artifact_type: Some(VOLUME_ARTIFACT_TYPE.to_owned()),
         manifests,
-        subject: None,
+        subject,
         annotations: Some(annotations),
     };
     Layout {

@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use vial_core::manifest::{Descriptor, ImageManifest};
 
+/// The media type the ORAS Python SDK gives a directory it pushed as a tar+gzip archive.
+pub const ORAS_SDK_DIRECTORY_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 pub const ANNOTATION_TITLE: &str = "org.opencontainers.image.title";
 pub const ANNOTATION_ORAS_UNPACK: &str = "io.deis.oras.content.unpack";
 pub const ANNOTATION_MODELPACK_FILEPATH: &str = "org.cncf.model.filepath";
@@ -178,7 +180,10 @@ pub fn recognize(manifest: &ImageManifest) -> Result<Artifact, NotAnArtifact> {
         let named = filepath(d).or_else(|| annotation(d, ANNOTATION_TITLE));
         let (raw_path, packing) = match (kind, named) {
             (Kind::Oras, Some(title)) => {
-                let unpack = annotation(d, ANNOTATION_ORAS_UNPACK) == Some("true");
+                // The oras CLI marks directories for unpacking; the ORAS Python SDK marks them
+                // only by the exact media type below, and extracts every layer of that type.
+                let unpack = annotation(d, ANNOTATION_ORAS_UNPACK) == Some("true")
+                    || d.media_type == ORAS_SDK_DIRECTORY_TYPE;
                 let packing = if unpack {
                     match packing_of(&d.media_type) {
                         // ORAS marks directories for unpacking; its default type is tar+gzip.

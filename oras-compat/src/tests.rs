@@ -51,17 +51,31 @@ fn oras_files_and_a_directory_archive() {
                 "application/vnd.oci.image.layer.v1.tar+gzip",
                 json!({ANNOTATION_TITLE: "tokenizer", ANNOTATION_ORAS_UNPACK: "true"}),
             ),
+            // The ORAS Python SDK's directory: no unpack mark, only the exact media type.
+            layer(
+                4,
+                "application/vnd.oci.image.layer.v1.tar+gzip",
+                json!({ANNOTATION_TITLE: "model"}),
+            ),
+            layer(
+                5,
+                "application/x-tar+gzip",
+                json!({ANNOTATION_TITLE: "data.tar.gz"}),
+            ),
         ],
     );
     let a = recognize(&m).unwrap();
     assert_eq!(a.kind, Kind::Oras);
-    // Without the unpack mark a layer is a file, whatever its media type says.
+    // Without the unpack mark (or the SDK's directory type) a layer is a file, whatever its
+    // media type says.
     assert_eq!(
         paths(&a),
         vec![
             ("model.safetensors", Packing::Raw),
             ("config.json", Packing::Raw),
             ("tokenizer", Packing::TarGzip),
+            ("model", Packing::TarGzip),
+            ("data.tar.gz", Packing::Raw),
         ]
     );
 }

@@ -146,6 +146,10 @@ pub struct Config {
     pub auth: Option<crate::auth::AuthSettings>,
     /// Serve HTTPS with this certificate chain and key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// Queue a seal for every file artifact pushed by other tools (ORAS, ModelPack, Docker model).
+    pub seal_on_push: bool,
+    /// Run background jobs (seals) in this process. Replicas that only serve HTTP turn it off.
+    pub run_jobs: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +176,8 @@ impl Config {
             redirect_blobs: false,
             auth: None,
             tls: None,
+            seal_on_push: true,
+            run_jobs: true,
         }
     }
 }

@@ -9,9 +9,11 @@ mod api;
 pub mod auth;
 pub mod config;
 pub mod error;
+mod jobs;
 mod listener;
 mod metrics;
 pub mod route;
+mod seal;
 pub mod storage;
 
 use std::future::Future;
@@ -36,6 +38,7 @@ pub struct AppState {
     pub(crate) sessions: api::Sessions,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) auth: Option<auth::Auth>,
+    pub(crate) jobs: jobs::JobQueue,
 }
 
 /// Opens the backends named by the configuration. This is the one place that picks implementations.
@@ -74,6 +77,7 @@ pub fn app(
         sessions: api::Sessions::default(),
         metrics: Arc::new(metrics::Metrics::default()),
         auth,
+        jobs: jobs::JobQueue::default(),
     });
     let router = Router::new()
         .route("/token", get(api::token).post(api::token))
@@ -103,6 +107,16 @@ pub async fn serve(
         }
     });
     let janitor = tokio::spawn(janitor(Arc::clone(&state)));
+    // The job runner stops taking work as soon as shutdown begins and hands back the job it holds.
+    let (stop_jobs, stopped) = tokio::sync::watch::channel(false);
+    let runner = state
+        .config
+        .run_jobs
+        .then(|| tokio::spawn(jobs::run(Arc::clone(&state), stopped)));
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_jobs.send(true);
+    };
     let addr = listener.local_addr().map_err(ServeError::Listen)?;
     tracing::info!(%addr, "registry listening");
     let service = router.into_make_service_with_connect_info::<ClientAddr>();
@@ -124,6 +138,14 @@ pub async fn serve(
     }
     .map_err(ServeError::Listen);
     janitor.abort();
+    if let Some(runner) = runner {
+        if tokio::time::timeout(std::time::Duration::from_secs(10), runner)
+            .await
+            .is_err()
+        {
+            tracing::warn!("background job runner did not stop within 10 s");
+        }
+    }
     tracing::info!("registry stopped");
     result
 }

@@ -30,6 +30,8 @@ pub enum Endpoint {
     BlobsPresent(RepoName),
     /// `/v2/<name>/_vial/versions`: sealed volume versions (extension).
     Versions(RepoName),
+    /// `/v2/<name>/_vial/seal/<digest>`: sealing an artifact into a volume (extension).
+    Seal(RepoName, Digest),
 }
 
 impl Endpoint {
@@ -46,6 +48,7 @@ impl Endpoint {
             Endpoint::Referrers(..) => "referrers",
             Endpoint::BlobsPresent(..) => "vial_blobs_present",
             Endpoint::Versions(..) => "vial_versions",
+            Endpoint::Seal(..) => "vial_seal",
         }
     }
 }
@@ -69,6 +72,9 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
             repo(name).map(Endpoint::BlobsPresent)
         }
         [name @ .., "_vial", "versions"] if !name.is_empty() => repo(name).map(Endpoint::Versions),
+        [name @ .., "_vial", "seal", digest] if !name.is_empty() => {
+            repo(name).and_then(|r| Ok(Endpoint::Seal(r, parse_digest(digest)?)))
+        }
         [name @ .., "blobs", "uploads"] | [name @ .., "blobs", "uploads", ""]
             if !name.is_empty() =>
         {

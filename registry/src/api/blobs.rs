@@ -10,7 +10,7 @@ use vial_core::{Digest, RepoName};
 
 use super::{set_header, Request};
 use crate::error::{ApiError, ErrorCode};
-use crate::storage::ByteRange;
+use crate::storage::{BlobLocation, ByteRange, ByteStream, StorageError};
 use crate::AppState;
 
 /// How long a presigned blob URL stays valid: long enough for a slow download to start, short
@@ -23,11 +23,12 @@ pub(super) async fn get(
     digest: &Digest,
     req: &Request,
 ) -> Result<Response, ApiError> {
-    let size = state
+    let location = state
         .meta
-        .blob_in_repo(repo, digest)
+        .blob_location(repo, digest)
         .await?
         .ok_or_else(|| ApiError::blob_unknown(digest))?;
+    let size = location.size;
     let range = match req.header("range") {
         Some(h) => parse_range(h, size).map_err(|()| {
             ApiError::new(
@@ -43,7 +44,9 @@ pub(super) async fn get(
         Some(r) => (StatusCode::PARTIAL_CONTENT, r.len()),
         None => (StatusCode::OK, size),
     };
-    if state.config.redirect_blobs && req.method == Method::GET {
+    // A chunk stored as a range of another blob is served through the registry: a presigned URL
+    // would take the client's Range header relative to the wrong object.
+    if state.config.redirect_blobs && req.method == Method::GET && location.source.is_none() {
         // The client fetches from the object store directly, sending its Range header there.
         if let Some(url) = state.blobs.presign_read(digest, REDIRECT_TTL).await? {
             let mut response = StatusCode::TEMPORARY_REDIRECT.into_response();
@@ -56,7 +59,7 @@ pub(super) async fn get(
     let body = if req.method == Method::HEAD {
         Body::empty()
     } else {
-        let Some(stream) = state.blobs.read(digest, range).await? else {
+        let Some(stream) = read(state, digest, &location, range).await? else {
             // The metadata says the blob is here but its bytes are gone: a storage fault, not a
             // client error. Say so loudly and answer as if it were unknown.
             tracing::error!(%repo, %digest, "blob is linked in metadata but missing from the blob store");
@@ -83,6 +86,29 @@ pub(super) async fn get(
         );
     }
     Ok(response)
+}
+
+/// Streams a blob, or a range of it, from wherever its bytes are.
+pub(crate) async fn read(
+    state: &AppState,
+    digest: &Digest,
+    location: &BlobLocation,
+    range: Option<ByteRange>,
+) -> Result<Option<ByteStream>, StorageError> {
+    match &location.source {
+        None => state.blobs.read(digest, range).await,
+        Some((source, offset)) => {
+            let r = range.unwrap_or(ByteRange {
+                start: 0,
+                end: location.size,
+            });
+            let within = ByteRange {
+                start: offset + r.start,
+                end: offset + r.end,
+            };
+            state.blobs.read(source, Some(within)).await
+        }
+    }
 }
 
 pub(super) async fn delete(

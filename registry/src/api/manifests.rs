@@ -4,7 +4,7 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use vial_core::manifest::summarize;
-use vial_core::{Algorithm, RepoName, Tag, Target};
+use vial_core::{media, Algorithm, RepoName, Tag, Target};
 
 use super::{append_header, set_header, Request};
 use crate::error::{ApiError, ErrorCode};
@@ -118,6 +118,11 @@ pub(super) async fn put(
         .await?;
     tracing::info!(%repo, %digest, tags = ?tags.iter().map(Tag::as_str).collect::<Vec<_>>(), "manifest committed");
 
+    if state.config.seal_on_push
+        && (record.media_type == media::OCI_MANIFEST || record.media_type == media::DOCKER_MANIFEST)
+    {
+        super::vial::seal_on_push(state, repo, &digest, &record.content).await;
+    }
     let mut response = StatusCode::CREATED.into_response();
     set_header(
         &mut response,

@@ -17,6 +17,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
+pub(crate) use blobs::read as read_blob;
 pub use sessions::Sessions;
 
 use crate::auth::{Action, Need};
@@ -155,12 +156,14 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         }
         Endpoint::Manifest(r, _) if *method == Method::PUT => repo(r, Action::Push),
         Endpoint::UploadStart(r) | Endpoint::Upload(r, _) => repo(r, Action::Push),
+        Endpoint::Seal(r, _) if *method == Method::POST => repo(r, Action::Push),
         Endpoint::Manifest(r, _)
         | Endpoint::Blob(r, _)
         | Endpoint::TagsList(r)
         | Endpoint::Referrers(r, _)
         | Endpoint::BlobsPresent(r)
-        | Endpoint::Versions(r) => repo(r, Action::Pull),
+        | Endpoint::Versions(r)
+        | Endpoint::Seal(r, _) => repo(r, Action::Pull),
     }
 }
 
@@ -331,6 +334,12 @@ async fn handle(
             vial::blobs_present(state, &repo, body, across).await
         }
         (Endpoint::Versions(repo), Method::GET) => vial::versions(state, &repo).await,
+        (Endpoint::Seal(repo, digest), Method::POST) => {
+            vial::seal_start(state, &repo, &digest).await
+        }
+        (Endpoint::Seal(repo, digest), Method::GET) => {
+            vial::seal_status(state, &repo, &digest).await
+        }
         (endpoint, method) => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Unsupported,

@@ -5,11 +5,14 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
+use vial_core::manifest::ImageManifest;
 use vial_core::volume::VOLUME_ARTIFACT_TYPE;
 use vial_core::{Digest, RepoName};
 
 use super::set_header;
 use crate::error::{ApiError, ErrorCode};
+use crate::seal::SEAL_JOB;
+use crate::storage::{Job, JobState};
 use crate::AppState;
 
 /// Most digests one existence check may ask about.
@@ -119,4 +122,110 @@ pub(super) async fn versions(state: &AppState, repo: &RepoName) -> Result<Respon
     let mut r = (StatusCode::OK, body).into_response();
     set_header(&mut r, "content-type", "application/json");
     Ok(r)
+}
+
+/// A seal job as clients see it.
+#[derive(Serialize)]
+struct SealStatus<'a> {
+    subject: &'a str,
+    state: JobState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    volume: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    attempts: i64,
+}
+
+fn seal_response(status: StatusCode, job: &Job) -> Response {
+    let body = serde_json::to_vec(&SealStatus {
+        subject: &job.target,
+        state: job.state,
+        volume: job.result.as_deref(),
+        error: job.error.as_deref(),
+        attempts: job.attempts,
+    })
+    .unwrap_or_default();
+    let mut r = (status, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    r
+}
+
+/// `POST /v2/<name>/_vial/seal/<digest>`: queue a seal of the artifact (again, if it failed), and
+/// answer 202 with the job's state, or 200 once it is done.
+pub(super) async fn seal_start(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+) -> Result<Response, ApiError> {
+    if state
+        .meta
+        .get_manifest(repo, &vial_core::Target::Digest(digest.clone()))
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::not_found(
+            ErrorCode::ManifestUnknown,
+            format!("manifest {digest} is not in {repo}"),
+        ));
+    }
+    let job = state
+        .meta
+        .enqueue_job(SEAL_JOB, repo, digest.as_str(), true)
+        .await?;
+    if job.state == JobState::Done {
+        return Ok(seal_response(StatusCode::OK, &job));
+    }
+    if !state.config.run_jobs {
+        tracing::info!(%repo, %digest, "seal queued for a replica that runs jobs");
+    }
+    state.jobs.wake();
+    Ok(seal_response(StatusCode::ACCEPTED, &job))
+}
+
+/// `GET /v2/<name>/_vial/seal/<digest>`: where the artifact's seal job is.
+pub(super) async fn seal_status(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+) -> Result<Response, ApiError> {
+    let job = state
+        .meta
+        .get_job(SEAL_JOB, repo, digest.as_str())
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(
+                ErrorCode::ManifestUnknown,
+                format!("no seal of {digest} has been asked for in {repo}"),
+            )
+        })?;
+    Ok(seal_response(StatusCode::OK, &job))
+}
+
+/// After a manifest push: queue a seal when the manifest is a file artifact another tool pushed.
+/// The push has succeeded whatever happens here.
+pub(super) async fn seal_on_push(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    content: &[u8],
+) {
+    let Ok(manifest) = serde_json::from_slice::<ImageManifest>(content) else {
+        return;
+    };
+    if vial_oras_compat::recognize(&manifest).is_err() {
+        return;
+    }
+    match state
+        .meta
+        .enqueue_job(SEAL_JOB, repo, digest.as_str(), false)
+        .await
+    {
+        Ok(job) => {
+            tracing::info!(%repo, %digest, job = %job.id, "file artifact pushed; seal queued");
+            state.jobs.wake();
+        }
+        Err(e) => {
+            tracing::warn!(%repo, %digest, error = %crate::error::error_chain(&e), "could not queue a seal")
+        }
+    }
 }

@@ -92,6 +92,84 @@ pub struct UploadSession {
     pub updated_at: i64,
 }
 
+/// Where a blob's bytes are: stored whole under its own digest, or as a range of another blob.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobLocation {
+    pub size: u64,
+    /// The blob holding these bytes and their offset in it, for chunks of sealed artifacts.
+    pub source: Option<(Digest, u64)>,
+}
+
+/// A chunk stored as a byte range of a blob that is stored whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeChunk {
+    pub digest: Digest,
+    pub size: u64,
+    pub source: Digest,
+    pub offset: u64,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        Some(match s {
+            "queued" => JobState::Queued,
+            "running" => JobState::Running,
+            "done" => JobState::Done,
+            "failed" => JobState::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// A durable background job: one per kind, repository and target.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub id: String,
+    pub kind: String,
+    pub repository: RepoName,
+    pub target: String,
+    pub state: JobState,
+    /// What a finished job produced (a sealed volume's digest).
+    pub result: Option<String>,
+    /// Why the last attempt failed.
+    pub error: Option<String>,
+    /// How many times the job was claimed; fences a worker whose lease lapsed.
+    pub attempts: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// How an attempt at a job ended.
+#[derive(Debug, Clone)]
+pub enum JobOutcome {
+    Done(String),
+    Failed(String),
+    /// A transient failure: try again, not before the given time (Unix milliseconds).
+    Retry {
+        error: String,
+        not_before: i64,
+    },
+}
+
 /// One page of a sorted listing, and whether more follow it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page {
@@ -203,6 +281,58 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         subject: &Digest,
         artifact_type: Option<&str>,
     ) -> Result<Vec<Descriptor>, StorageError>;
+
+    /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
+    async fn blob_location(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<BlobLocation>, StorageError>;
+
+    /// Records chunks that are ranges of stored blobs and links them to `repo`. A chunk the
+    /// registry already knows keeps the bytes it has.
+    async fn commit_range_chunks(
+        &self,
+        repo: &RepoName,
+        chunks: &[RangeChunk],
+    ) -> Result<(), StorageError>;
+
+    /// Creates the job for (`kind`, `repo`, `target`) unless it exists, and returns it. With
+    /// `retry_failed`, a failed job is queued again.
+    async fn enqueue_job(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        target: &str,
+        retry_failed: bool,
+    ) -> Result<Job, StorageError>;
+
+    async fn get_job(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        target: &str,
+    ) -> Result<Option<Job>, StorageError>;
+
+    /// Claims the oldest job that is queued and due, or running under a lapsed lease, holding it
+    /// for `lease_millis`.
+    async fn claim_job(&self, lease_millis: i64) -> Result<Option<Job>, StorageError>;
+
+    /// Extends the lease of a job still held by the attempt `attempts`; false if it was lost.
+    async fn renew_job(
+        &self,
+        id: &str,
+        attempts: i64,
+        lease_millis: i64,
+    ) -> Result<bool, StorageError>;
+
+    /// Records how the attempt `attempts` ended; false if the job was no longer held by it.
+    async fn finish_job(
+        &self,
+        id: &str,
+        attempts: i64,
+        outcome: &JobOutcome,
+    ) -> Result<bool, StorageError>;
 
     /// Whether the backend answers, for readiness probes.
     async fn ping(&self) -> Result<(), StorageError>;

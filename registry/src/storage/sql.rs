@@ -17,22 +17,36 @@ use vial_core::manifest::Descriptor;
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use super::metadata::{
-    CommitManifestError, ManifestRecord, MetadataStore, Page, StoredManifest, TagPrecondition,
-    UploadSession, VersionRow,
+    BlobLocation, CommitManifestError, Job, JobOutcome, JobState, ManifestRecord, MetadataStore,
+    Page, RangeChunk, StoredManifest, TagPrecondition, UploadSession, VersionRow,
 };
 use super::{now_millis, StorageError};
 
 /// The schema, in order, per dialect. A database records which of these it has applied.
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "registry",
-    include_str!("../../../migrations/sqlite/0001_registry.sql"),
-)];
-const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "registry",
-    include_str!("../../../migrations/postgres/0001_registry.sql"),
-)];
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "registry",
+        include_str!("../../../migrations/sqlite/0001_registry.sql"),
+    ),
+    (
+        2,
+        "seals",
+        include_str!("../../../migrations/sqlite/0002_seals.sql"),
+    ),
+];
+const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "registry",
+        include_str!("../../../migrations/postgres/0001_registry.sql"),
+    ),
+    (
+        2,
+        "seals",
+        include_str!("../../../migrations/postgres/0002_seals.sql"),
+    ),
+];
 
 /// The size of a blob if `$1` (a repository name) holds `$2` (a digest).
 const BLOB_SIZE_IN_REPO: &str = "SELECT b.size FROM repository_blobs rb
@@ -225,6 +239,28 @@ fn parse_digest(s: &str) -> Result<Digest, StorageError> {
     Digest::parse(s).map_err(|e| StorageError::Corrupt(format!("stored digest {s:?}: {e}")))
 }
 
+const JOB_COLUMNS: &str =
+    "id, kind, repository, target, state, result, error, attempts, created_at, updated_at";
+
+fn job_from_row(row: &AnyRow) -> Result<Job, StorageError> {
+    let repo: String = row.try_get("repository")?;
+    let state: String = row.try_get("state")?;
+    Ok(Job {
+        id: row.try_get("id")?,
+        kind: row.try_get("kind")?,
+        repository: RepoName::parse(&repo)
+            .map_err(|e| StorageError::Corrupt(format!("stored repository {repo:?}: {e}")))?,
+        target: row.try_get("target")?,
+        state: JobState::parse(&state)
+            .ok_or_else(|| StorageError::Corrupt(format!("stored job state {state:?}")))?,
+        result: row.try_get("result")?,
+        error: row.try_get("error")?,
+        attempts: row.try_get("attempts")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
 fn upload_from_row(row: &AnyRow) -> Result<UploadSession, StorageError> {
     let repo: String = row.try_get("repository")?;
     Ok(UploadSession {
@@ -260,7 +296,8 @@ impl MetadataStore for SqlMetadataStore {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
-        sqlx::query("INSERT INTO blobs (digest, size, created_at) VALUES ($1, $2, $3) ON CONFLICT (digest) DO NOTHING")
+        // Bytes uploaded whole replace a range of another blob as the chunk's home.
+        sqlx::query("INSERT INTO blobs (digest, size, created_at) VALUES ($1, $2, $3) ON CONFLICT (digest) DO UPDATE SET source_digest = NULL, source_offset = NULL")
             .bind(digest.as_str())
             .bind(size as i64)
             .bind(now)
@@ -697,6 +734,194 @@ impl MetadataStore for SqlMetadataStore {
             });
         }
         Ok(Some(out))
+    }
+
+    async fn blob_location(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<BlobLocation>, StorageError> {
+        let row = sqlx::query(
+            "SELECT b.size, b.source_digest, b.source_offset FROM repository_blobs rb
+               JOIN repositories r ON r.id = rb.repository_id
+               JOIN blobs b ON b.digest = rb.digest
+              WHERE r.name = $1 AND rb.digest = $2",
+        )
+        .bind(repo.as_str())
+        .bind(digest.as_str())
+        .fetch_optional(&self.reader)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let size: i64 = row.try_get("size")?;
+        let source: Option<String> = row.try_get("source_digest")?;
+        let offset: Option<i64> = row.try_get("source_offset")?;
+        let source = match (source, offset) {
+            (Some(d), Some(o)) => Some((parse_digest(&d)?, o as u64)),
+            _ => None,
+        };
+        Ok(Some(BlobLocation {
+            size: size as u64,
+            source,
+        }))
+    }
+
+    async fn commit_range_chunks(
+        &self,
+        repo: &RepoName,
+        chunks: &[RangeChunk],
+    ) -> Result<(), StorageError> {
+        let now = now_millis();
+        let mut tx = self.writer.begin().await?;
+        let repo_id = repo_id_for_write(&mut tx, repo).await?;
+        for c in chunks {
+            sqlx::query(
+                "INSERT INTO blobs (digest, size, created_at, source_digest, source_offset)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (digest) DO NOTHING",
+            )
+            .bind(c.digest.as_str())
+            .bind(c.size as i64)
+            .bind(now)
+            .bind(c.source.as_str())
+            .bind(c.offset as i64)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(LINK_BLOB)
+                .bind(repo_id)
+                .bind(c.digest.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn enqueue_job(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        target: &str,
+        retry_failed: bool,
+    ) -> Result<Job, StorageError> {
+        let now = now_millis();
+        let mut tx = self.writer.begin().await?;
+        sqlx::query(
+            "INSERT INTO jobs (id, kind, repository, target, state, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, 'queued', $5, $5)
+             ON CONFLICT (kind, repository, target) DO NOTHING",
+        )
+        .bind(uuid::Uuid::new_v4().to_string())
+        .bind(kind)
+        .bind(repo.as_str())
+        .bind(target)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        if retry_failed {
+            sqlx::query(
+                "UPDATE jobs SET state = 'queued', lease_until = 0, updated_at = $4
+                  WHERE kind = $1 AND repository = $2 AND target = $3 AND state = 'failed'",
+            )
+            .bind(kind)
+            .bind(repo.as_str())
+            .bind(target)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let row = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE kind = $1 AND repository = $2 AND target = $3"
+        ))
+        .bind(kind)
+        .bind(repo.as_str())
+        .bind(target)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        job_from_row(&row)
+    }
+
+    async fn get_job(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        target: &str,
+    ) -> Result<Option<Job>, StorageError> {
+        let row = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE kind = $1 AND repository = $2 AND target = $3"
+        ))
+        .bind(kind)
+        .bind(repo.as_str())
+        .bind(target)
+        .fetch_optional(&self.writer)
+        .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    async fn claim_job(&self, lease_millis: i64) -> Result<Option<Job>, StorageError> {
+        let now = now_millis();
+        // The condition is checked again by the UPDATE itself: of two replicas that picked the
+        // same job, PostgreSQL makes the second re-evaluate it against the first's claim.
+        let due = "((state = 'queued' AND lease_until <= $1) OR (state = 'running' AND lease_until < $1))";
+        let row = sqlx::query(&format!(
+            "UPDATE jobs SET state = 'running', attempts = attempts + 1, lease_until = $2, updated_at = $1
+              WHERE id = (SELECT id FROM jobs WHERE {due} ORDER BY created_at, id LIMIT 1) AND {due}
+              RETURNING {JOB_COLUMNS}"
+        ))
+        .bind(now)
+        .bind(now + lease_millis)
+        .fetch_optional(&self.writer)
+        .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    async fn renew_job(
+        &self,
+        id: &str,
+        attempts: i64,
+        lease_millis: i64,
+    ) -> Result<bool, StorageError> {
+        let now = now_millis();
+        let done = sqlx::query(
+            "UPDATE jobs SET lease_until = $3, updated_at = $4
+              WHERE id = $1 AND attempts = $2 AND state = 'running'",
+        )
+        .bind(id)
+        .bind(attempts)
+        .bind(now + lease_millis)
+        .bind(now)
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn finish_job(
+        &self,
+        id: &str,
+        attempts: i64,
+        outcome: &JobOutcome,
+    ) -> Result<bool, StorageError> {
+        let (state, result, error, not_before) = match outcome {
+            JobOutcome::Done(r) => (JobState::Done, Some(r.as_str()), None, 0),
+            JobOutcome::Failed(e) => (JobState::Failed, None, Some(e.as_str()), 0),
+            JobOutcome::Retry { error, not_before } => {
+                (JobState::Queued, None, Some(error.as_str()), *not_before)
+            }
+        };
+        let done = sqlx::query(
+            "UPDATE jobs SET state = $3, result = $4, error = $5, lease_until = $6, updated_at = $7
+              WHERE id = $1 AND attempts = $2 AND state = 'running'",
+        )
+        .bind(id)
+        .bind(attempts)
+        .bind(state.as_str())
+        .bind(result)
+        .bind(error)
+        .bind(not_before)
+        .bind(now_millis())
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn ping(&self) -> Result<(), StorageError> {

@@ -1,0 +1,141 @@
+//! The background job runner: claims durable jobs from the metadata store and runs them, one at a
+//! time per process, holding a lease it renews while the job runs.
+//!
+//! Jobs live in the database, not in memory, so they survive restarts and any replica can run any
+//! job. A replica that dies mid-job stops renewing its lease and another replica (or the same one,
+//! restarted) takes the job over once the lease lapses. A graceful shutdown hands the job back at
+//! once. A job's attempt number fences its worker: an attempt whose lease lapsed cannot record an
+//! outcome over the attempt that replaced it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use vial_core::Digest;
+
+use crate::error::error_chain;
+use crate::seal::{seal, SEAL_JOB};
+use crate::storage::{now_millis, Job, JobOutcome};
+use crate::AppState;
+
+/// How long a claim holds a job without renewal.
+const LEASE: Duration = Duration::from_secs(30);
+/// How often an idle runner looks for jobs queued by other replicas or left by dead ones.
+const POLL: Duration = Duration::from_secs(5);
+/// Attempts before a job that keeps failing transiently is given up.
+const MAX_ATTEMPTS: i64 = 5;
+
+/// Wakes the runner when a job is queued in this process.
+#[derive(Debug, Default)]
+pub struct JobQueue {
+    wake: Notify,
+}
+
+impl JobQueue {
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// Runs jobs until `stop` turns true; a job running then is handed back for another attempt.
+pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+    tracing::info!("background job runner started");
+    while !*stop.borrow() {
+        let job = match state.meta.claim_job(LEASE.as_millis() as i64).await {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "could not look for jobs");
+                None
+            }
+        };
+        let Some(job) = job else {
+            tokio::select! {
+                () = state.jobs.wake.notified() => {}
+                () = tokio::time::sleep(POLL) => {}
+                _ = stop.changed() => {}
+            }
+            continue;
+        };
+        run_one(&state, job, &mut stop).await;
+    }
+}
+
+async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<bool>) {
+    tracing::info!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, attempt = job.attempts, "job started");
+    let outcome = if job.attempts > MAX_ATTEMPTS {
+        JobOutcome::Failed(format!(
+            "gave up after {MAX_ATTEMPTS} attempts; last error: {}",
+            job.error.as_deref().unwrap_or("none recorded")
+        ))
+    } else {
+        let work = execute(state, &job);
+        let renew = async {
+            loop {
+                tokio::time::sleep(LEASE / 3).await;
+                match state
+                    .meta
+                    .renew_job(&job.id, job.attempts, LEASE.as_millis() as i64)
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    // A database hiccup: the lease still has two thirds of its time to go.
+                    Err(e) => {
+                        tracing::warn!(job = %job.id, error = %error_chain(&e), "could not renew job lease")
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            outcome = work => outcome,
+            () = renew => {
+                tracing::warn!(job = %job.id, "job lease was lost to another runner; abandoning this attempt");
+                return;
+            }
+            _ = stop.changed() => JobOutcome::Retry {
+                error: "interrupted by a registry shutdown".into(),
+                not_before: 0,
+            },
+        }
+    };
+    match &outcome {
+        JobOutcome::Done(result) => {
+            tracing::info!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, result, "job done")
+        }
+        JobOutcome::Failed(error) => {
+            tracing::warn!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, error, "job failed")
+        }
+        JobOutcome::Retry { error, .. } => {
+            tracing::warn!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, error, "job will be retried")
+        }
+    }
+    match state.meta.finish_job(&job.id, job.attempts, &outcome).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(job = %job.id, "job was taken over before it finished; outcome dropped")
+        }
+        Err(e) => {
+            tracing::warn!(job = %job.id, error = %error_chain(&e), "could not record job outcome; it will run again")
+        }
+    }
+}
+
+async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
+    match job.kind.as_str() {
+        SEAL_JOB => {
+            let Ok(subject) = Digest::parse(&job.target) else {
+                return JobOutcome::Failed(format!("{:?} is not a digest", job.target));
+            };
+            match seal(state, &job.repository, &subject).await {
+                Ok(volume) => JobOutcome::Done(volume.to_string()),
+                Err(e) if e.is_transient() => JobOutcome::Retry {
+                    error: error_chain(&e),
+                    // Back off 2, 4, 8, 16 seconds.
+                    not_before: now_millis() + 1000 * (1 << job.attempts.clamp(1, 4)),
+                },
+                Err(e) => JobOutcome::Failed(error_chain(&e)),
+            }
+        }
+        other => JobOutcome::Failed(format!("unknown job kind {other:?}")),
+    }
+}
