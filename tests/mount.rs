@@ -6,58 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::model::write_safetensors;
+use crate::support::mount::{fuse_available, Mount};
 use crate::support::oci::pseudo_random;
 use crate::support::proxy::{Fault, Proxy};
 use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
-use crate::support::{peer, Server};
-
-/// A mounted volume, unmounted (lazily, so a failed test never leaves a busy mount) when dropped.
-struct Mount {
-    path: PathBuf,
-    home: PathBuf,
-}
-
-impl Mount {
-    fn new(home: &Path, reference: &str, name: &str, extra: &[&str]) -> Mount {
-        let path = home.join(name);
-        std::fs::create_dir_all(&path).unwrap();
-        let mut args = vec!["mount", reference, path.to_str().unwrap(), "--cache-dir"];
-        let cache = home.join("node-cache");
-        args.push(cache.to_str().unwrap());
-        args.extend_from_slice(extra);
-        vial_ok(home, &args);
-        Mount {
-            path,
-            home: home.to_owned(),
-        }
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(self.path.join(".vial-stats")).unwrap()).unwrap()
-    }
-
-    fn is_mounted(&self) -> bool {
-        std::fs::read_to_string("/proc/mounts")
-            .unwrap()
-            .lines()
-            .any(|l| l.split(' ').nth(1) == Some(self.path.to_str().unwrap()))
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if self.is_mounted() {
-            let _ = vial(
-                &self.home,
-                &["umount", "--lazy", self.path.to_str().unwrap()],
-            );
-        }
-    }
-}
-
-fn fuse_available() -> bool {
-    peer("fusermount3").is_some() && Path::new("/dev/fuse").exists()
-}
+use crate::support::Server;
 
 fn checkpoint(dir: &Path, shards: u64, seed: u64) {
     std::fs::create_dir_all(dir.join("tokenizer")).unwrap();

@@ -1,8 +1,12 @@
-//! The ORAS Python SDK pushes and pulls files and directories through vial.
+//! The ORAS Python SDK pushes and pulls files and directories through vial, and vial seals what it
+//! pushed into volumes that mount, pull and dedup like volumes `vial push` wrote.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::support::model::{bert_like, write_safetensors};
+use crate::support::mount::{fuse_available, Mount};
+use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
 use crate::support::{oci::pseudo_random, oras_python, run, Server};
 
 const SCRIPT: &str = r#"
@@ -69,4 +73,284 @@ fn oras_sdk_pushes_and_pulls_a_directory_as_one_archive() {
             "{name} differs after an ORAS directory round trip"
         );
     }
+}
+
+/// Pushes with the ORAS Python SDK, the way its users do. Modes: `files` (every top-level file,
+/// one layer each), `dir` (the `model` directory, which the SDK tars and gzips), `tar` (`model` as
+/// a plain tar marked for unpacking, as the oras CLI marks directories), `evil` (a tar+gzip whose
+/// entry climbs out with `..`).
+const PUSH: &str = r#"
+import io, json, os, sys, tarfile, oras.client
+mode, host, target, workdir = sys.argv[1:5]
+client = oras.client.OrasClient(hostname=host, insecure=True)
+os.chdir(workdir)
+if mode == "files":
+    client.push(target=target, files=sorted(f for f in os.listdir(".") if os.path.isfile(f)))
+elif mode == "dir":
+    client.push(target=target, files=["model"])
+elif mode == "tar":
+    with tarfile.open("/tmp/vial-oras-%d.tar" % os.getpid(), "w") as t:
+        t.add("model")
+    os.rename("/tmp/vial-oras-%d.tar" % os.getpid(), "model.tar")
+    with open("../annotations.json", "w") as f:
+        json.dump({"model.tar": {"io.deis.oras.content.unpack": "true"}}, f)
+    client.push(target=target, files=["model.tar:application/vnd.oci.image.layer.v1.tar"],
+                annotation_file="../annotations.json")
+elif mode == "evil":
+    with tarfile.open("evil.tar.gz", "w:gz") as t:
+        info = tarfile.TarInfo("../escaped")
+        info.size = 4
+        t.addfile(info, io.BytesIO(b"evil"))
+    client.push(target=target, files=["evil.tar.gz:application/vnd.oci.image.layer.v1.tar+gzip"])
+"#;
+
+fn oras_push(python: &Path, server: &Server, mode: &str, reference: &str, workdir: &Path) {
+    run(Command::new(python)
+        .args(["-c", PUSH, mode, &server.addr])
+        .arg(format!("{}/{reference}", server.addr))
+        .arg(workdir));
+}
+
+/// `vial seal --json`, parsed.
+fn seal(home: &Path, reference: &str) -> serde_json::Value {
+    serde_json::from_str(&vial_ok(home, &["seal", reference, "--json"])).expect("seal --json")
+}
+
+/// The digest a tag points at, and the referrers of that manifest with the given artifact type.
+fn referrers(server: &Server, repo: &str, tag: &str, artifact_type: &str) -> Vec<String> {
+    let http = reqwest::blocking::Client::new();
+    let head = http
+        .head(format!("{}/v2/{repo}/manifests/{tag}", server.url()))
+        .header("accept", vial_core::media::OCI_MANIFEST)
+        .send()
+        .unwrap();
+    let digest = head.headers()["docker-content-digest"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let index: serde_json::Value = http
+        .get(format!(
+            "{}/v2/{repo}/referrers/{digest}?artifactType={artifact_type}",
+            server.url()
+        ))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["artifactType"] == artifact_type)
+        .map(|m| m["digest"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Reads a sealed artifact back both ways: `vial pull` always, `vial mount` where FUSE exists.
+fn read_back(home: &Path, reference: &str, name: &str) -> Vec<PathBuf> {
+    let pulled = home.join(format!("pulled-{name}"));
+    vial_ok(home, &["pull", reference, pulled.to_str().unwrap()]);
+    let mut views = vec![pulled];
+    if fuse_available() {
+        let mount = Mount::new(home, reference, &format!("mnt-{name}"), &[]);
+        let copy = home.join(format!("mounted-{name}"));
+        run(Command::new("cp").arg("-a").arg(&mount.path).arg(&copy));
+        std::fs::remove_file(copy.join(".vial-stats")).ok();
+        views.push(copy);
+    } else {
+        eprintln!("SKIP mount half: no FUSE here");
+    }
+    views
+}
+
+#[test]
+fn oras_files_directories_and_tarballs_are_sealed_and_read_back_byte_for_byte() {
+    let Some(python) = oras_python() else { return };
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let work = home.path().join("work");
+    write_tree(&work);
+    write_safetensors(&work.join("model.safetensors"), &bert_like(2, 5));
+
+    oras_push(&python, &server, "files", "oras/files:v1", &work);
+    oras_push(&python, &server, "dir", "oras/dir:v1", &work);
+    oras_push(&python, &server, "tar", "oras/tar:v1", &work);
+
+    let files = seal(home.path(), &format!("{}/oras/files:v1", server.addr));
+    assert_eq!(files["files"], 3, "{files}");
+    let dir = seal(home.path(), &format!("{}/oras/dir:v1", server.addr));
+    assert_eq!(dir["files"], 2, "the directory's two files: {dir}");
+    let tar = seal(home.path(), &format!("{}/oras/tar:v1", server.addr));
+    assert_eq!(tar["files"], 2, "{tar}");
+    // The same directory packed two ways seals to the same tree, so the same chunks.
+    assert_eq!(dir["chunks"], tar["chunks"]);
+
+    // The original artifacts lead to their volumes through the referrers API.
+    for (repo, sealed) in [
+        ("oras/files", &files),
+        ("oras/dir", &dir),
+        ("oras/tar", &tar),
+    ] {
+        assert_eq!(
+            referrers(&server, repo, "v1", vial_core::volume::VOLUME_ARTIFACT_TYPE),
+            vec![sealed["volume"].as_str().unwrap().to_owned()],
+            "{repo}"
+        );
+    }
+
+    // Reading through the original reference gives the pushed bytes.
+    let expected_files = home.path().join("expected-files");
+    std::fs::create_dir_all(&expected_files).unwrap();
+    for f in ["config.json", "empty.txt", "model.safetensors"] {
+        std::fs::copy(work.join(f), expected_files.join(f)).unwrap();
+    }
+    for view in read_back(
+        home.path(),
+        &format!("{}/oras/files:v1", server.addr),
+        "files",
+    ) {
+        assert_same_tree(&view, &expected_files);
+    }
+    for name in ["dir", "tar"] {
+        for view in read_back(
+            home.path(),
+            &format!("{}/oras/{name}:v1", server.addr),
+            name,
+        ) {
+            assert_same_tree(&view.join("model"), &work.join("model"));
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_pushed_with_oras_dedups_against_its_last_seal_and_against_vial_push() {
+    let Some(python) = oras_python() else { return };
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let work = home.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let mut tensors = bert_like(4, 1);
+    write_safetensors(&work.join("model.safetensors"), &tensors);
+    std::fs::write(work.join("config.json"), br#"{"layers": 4}"#).unwrap();
+    oras_push(&python, &server, "files", "oras/ckpt:step-1", &work);
+    let v1 = seal(home.path(), &format!("{}/oras/ckpt:step-1", server.addr));
+
+    // Fine-tuning rewrites one projection and leaves the rest of the file byte-identical.
+    let changed = tensors
+        .iter()
+        .position(|t| t.0.contains("attention"))
+        .unwrap();
+    tensors[changed].2 += 1000;
+    let changed_bytes = (tensors[changed].1 * 2) as u64;
+    write_safetensors(&work.join("model.safetensors"), &tensors);
+    oras_push(&python, &server, "files", "oras/ckpt:step-2", &work);
+    let v2 = seal(home.path(), &format!("{}/oras/ckpt:step-2", server.addr));
+    assert_ne!(v1["volume"], v2["volume"]);
+
+    let diff: serde_json::Value = serde_json::from_str(&vial_ok(
+        home.path(),
+        &[
+            "diff",
+            v1["reference"].as_str().unwrap(),
+            v2["reference"].as_str().unwrap(),
+            "--json",
+        ],
+    ))
+    .unwrap();
+    let fetch = diff["diff"]["bytes_to_fetch"].as_u64().unwrap();
+    let total = v2["bytes"].as_u64().unwrap();
+    assert!(
+        fetch <= changed_bytes + (2 << 20) && fetch < total / 2,
+        "a node holding step-1 should fetch about the changed tensor ({changed_bytes} B), not {fetch} of {total} B"
+    );
+
+    // `vial push` of the same checkpoint finds every chunk already in the registry.
+    let report = push_json(
+        home.path(),
+        &work,
+        &format!("{}/weights/ckpt", server.addr),
+        &[],
+    );
+    assert_eq!(report["chunks_uploaded"], 0, "{report}");
+    assert_eq!(report["bytes_uploaded"], 0, "{report}");
+}
+
+#[test]
+fn a_seal_queued_where_jobs_do_not_run_survives_a_restart_and_runs_after_it() {
+    let Some(python) = oras_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let home = dir.path().join("home");
+    let work = dir.path().join("work");
+    write_tree(&work);
+
+    let server = Server::start_on(&data, &["--run-jobs", "false"]);
+    oras_push(&python, &server, "files", "oras/later:v1", &work);
+    let digest = reqwest::blocking::Client::new()
+        .head(format!("{}/v2/oras/later/manifests/v1", server.url()))
+        .header("accept", vial_core::media::OCI_MANIFEST)
+        .send()
+        .unwrap()
+        .headers()["docker-content-digest"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let status: serde_json::Value = reqwest::blocking::get(format!(
+        "{}/v2/oras/later/_vial/seal/{digest}",
+        server.url()
+    ))
+    .unwrap()
+    .json()
+    .unwrap();
+    assert_eq!(
+        status["state"], "queued",
+        "the push queued a seal: {status}"
+    );
+    assert!(server.stop().success());
+
+    let server = Server::start_on(&data, &[]);
+    let sealed = seal(&home, &format!("{}/oras/later:v1", server.addr));
+    assert_eq!(sealed["artifact"], digest.as_str());
+    let pulled = home.join("pulled");
+    vial_ok(
+        &home,
+        &[
+            "pull",
+            &format!("{}/oras/later:v1", server.addr),
+            pulled.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        std::fs::read(pulled.join("model.safetensors")).unwrap(),
+        std::fs::read(work.join("model.safetensors")).unwrap()
+    );
+}
+
+#[test]
+fn an_archive_that_climbs_out_of_the_volume_is_refused_with_a_clear_error() {
+    let Some(python) = oras_python() else { return };
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let work = home.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    oras_push(&python, &server, "evil", "oras/evil:v1", &work);
+    let reference = format!("{}/oras/evil:v1", server.addr);
+    for args in [
+        vec!["seal", reference.as_str()],
+        vec![
+            "pull",
+            reference.as_str(),
+            home.path().join("out").to_str().unwrap(),
+        ],
+    ] {
+        let out = vial(home.path(), &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(
+            stderr.contains("could not seal") && stderr.contains("leaves the volume"),
+            "{args:?} should say why: {stderr}"
+        );
+    }
+    assert!(!home.path().join("escaped").exists());
+    assert!(!home.path().join("out").join("escaped").exists());
 }

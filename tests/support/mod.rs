@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 pub mod conformance;
 pub mod model;
+pub mod mount;
 pub mod oci;
 pub mod postgres;
 pub mod proxy;

@@ -1,0 +1,54 @@
+//! Lazy mounts from tests: a mounted volume that unmounts itself.
+
+use std::path::{Path, PathBuf};
+
+use super::peer;
+use super::vial::{vial, vial_ok};
+
+/// A mounted volume, unmounted (lazily, so a failed test never leaves a busy mount) when dropped.
+pub struct Mount {
+    pub path: PathBuf,
+    pub home: PathBuf,
+}
+
+impl Mount {
+    pub fn new(home: &Path, reference: &str, name: &str, extra: &[&str]) -> Mount {
+        let path = home.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        let mut args = vec!["mount", reference, path.to_str().unwrap(), "--cache-dir"];
+        let cache = home.join("node-cache");
+        args.push(cache.to_str().unwrap());
+        args.extend_from_slice(extra);
+        vial_ok(home, &args);
+        Mount {
+            path,
+            home: home.to_owned(),
+        }
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.path.join(".vial-stats")).unwrap()).unwrap()
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(self.path.to_str().unwrap()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.is_mounted() {
+            let _ = vial(
+                &self.home,
+                &["umount", "--lazy", self.path.to_str().unwrap()],
+            );
+        }
+    }
+}
+
+pub fn fuse_available() -> bool {
+    peer("fusermount3").is_some() && Path::new("/dev/fuse").exists()
+}
