@@ -198,6 +198,41 @@ fn oras_files_directories_and_tarballs_are_sealed_and_read_back_byte_for_byte() 
         );
     }
 
+    // A chunk cut from an ORAS file layer is served as a range of that layer, Range requests too:
+    // the first chunk of the files volume is all of config.json (the first path in the tree).
+    let http = reqwest::blocking::Client::new();
+    let get = |path: String| {
+        http.get(format!("{}/v2/oras/files/{path}", server.url()))
+            .header("accept", "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json")
+            .send()
+            .unwrap()
+    };
+    let index: serde_json::Value = get(format!("manifests/{}", files["volume"].as_str().unwrap()))
+        .json()
+        .unwrap();
+    let part = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["artifactType"] == "application/vnd.vial.chunks.v1")
+        .unwrap();
+    let part: serde_json::Value = get(format!("manifests/{}", part["digest"].as_str().unwrap()))
+        .json()
+        .unwrap();
+    let chunk = part["layers"][0]["digest"].as_str().unwrap().to_owned();
+    let config = std::fs::read(work.join("config.json")).unwrap();
+    assert_eq!(
+        get(format!("blobs/{chunk}")).bytes().unwrap().as_ref(),
+        &config[..]
+    );
+    let ranged = http
+        .get(format!("{}/v2/oras/files/blobs/{chunk}", server.url()))
+        .header("range", "bytes=3-8")
+        .send()
+        .unwrap();
+    assert_eq!(ranged.status(), 206);
+    assert_eq!(ranged.bytes().unwrap().as_ref(), &config[3..9]);
+
     // Reading through the original reference gives the pushed bytes.
     let expected_files = home.path().join("expected-files");
     std::fs::create_dir_all(&expected_files).unwrap();

@@ -139,3 +139,92 @@ async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
         other => JobOutcome::Failed(format!("unknown job kind {other:?}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{JobState, MetadataStore, SqlMetadataStore};
+    use vial_core::RepoName;
+
+    #[tokio::test]
+    async fn a_lapsed_lease_passes_the_job_on_and_fences_the_old_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SqlMetadataStore::open_sqlite(&dir.path().join("m.db"))
+            .await
+            .unwrap();
+        let repo = RepoName::parse("a/b").unwrap();
+        let queued = meta
+            .enqueue_job(SEAL_JOB, &repo, "t1", false)
+            .await
+            .unwrap();
+        assert_eq!(queued.state, JobState::Queued);
+        // Queuing the same work again is the same job.
+        let again = meta
+            .enqueue_job(SEAL_JOB, &repo, "t1", false)
+            .await
+            .unwrap();
+        assert_eq!(again.id, queued.id);
+
+        let first = meta.claim_job(100).await.unwrap().expect("a queued job");
+        assert_eq!((first.id.as_str(), first.attempts), (queued.id.as_str(), 1));
+        assert!(
+            meta.claim_job(100).await.unwrap().is_none(),
+            "held under a lease"
+        );
+        assert!(meta.renew_job(&first.id, 1, 100).await.unwrap());
+
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let second = meta.claim_job(60_000).await.unwrap().expect("lease lapsed");
+        assert_eq!(
+            (second.id.as_str(), second.attempts),
+            (queued.id.as_str(), 2)
+        );
+        // The first attempt can neither renew nor finish over the second.
+        assert!(!meta.renew_job(&first.id, 1, 100).await.unwrap());
+        let late = JobOutcome::Done("from the first attempt".into());
+        assert!(!meta.finish_job(&first.id, 1, &late).await.unwrap());
+        let done = JobOutcome::Done("sha256:volume".into());
+        assert!(meta.finish_job(&second.id, 2, &done).await.unwrap());
+        let job = meta.get_job(SEAL_JOB, &repo, "t1").await.unwrap().unwrap();
+        assert_eq!(job.state, JobState::Done);
+        assert_eq!(job.result.as_deref(), Some("sha256:volume"));
+        assert!(
+            meta.claim_job(100).await.unwrap().is_none(),
+            "done jobs stay done"
+        );
+    }
+
+    #[tokio::test]
+    async fn retries_wait_their_turn_and_failed_jobs_queue_again_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SqlMetadataStore::open_sqlite(&dir.path().join("m.db"))
+            .await
+            .unwrap();
+        let repo = RepoName::parse("a/b").unwrap();
+        meta.enqueue_job(SEAL_JOB, &repo, "t", false).await.unwrap();
+        let job = meta.claim_job(60_000).await.unwrap().unwrap();
+        let retry = JobOutcome::Retry {
+            error: "store unavailable".into(),
+            not_before: now_millis() + 60_000,
+        };
+        assert!(meta
+            .finish_job(&job.id, job.attempts, &retry)
+            .await
+            .unwrap());
+        assert!(
+            meta.claim_job(100).await.unwrap().is_none(),
+            "not before its time"
+        );
+
+        let other = meta.enqueue_job(SEAL_JOB, &repo, "u", false).await.unwrap();
+        let claimed = meta.claim_job(60_000).await.unwrap().unwrap();
+        assert_eq!(claimed.id, other.id);
+        let failed = JobOutcome::Failed("not an artifact".into());
+        assert!(meta.finish_job(&claimed.id, 1, &failed).await.unwrap());
+        let kept = meta.enqueue_job(SEAL_JOB, &repo, "u", false).await.unwrap();
+        assert_eq!(kept.state, JobState::Failed);
+        assert_eq!(kept.error.as_deref(), Some("not an artifact"));
+        let requeued = meta.enqueue_job(SEAL_JOB, &repo, "u", true).await.unwrap();
+        assert_eq!(requeued.state, JobState::Queued);
+    }
+}
