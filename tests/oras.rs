@@ -389,3 +389,121 @@ fn an_archive_that_climbs_out_of_the_volume_is_refused_with_a_clear_error() {
     assert!(!home.path().join("escaped").exists());
     assert!(!home.path().join("out").join("escaped").exists());
 }
+
+/// Pushes `layers` (media type, annotations, bytes) and a manifest over them with `config_type`.
+fn push_artifact(
+    server: &Server,
+    repo: &str,
+    tag: &str,
+    config_type: &str,
+    layers: &[(&str, serde_json::Value, Vec<u8>)],
+) {
+    let http = reqwest::blocking::Client::new();
+    let base = server.url();
+    let config = crate::support::push_blob(&http, &base, repo, b"{}");
+    let descriptors: Vec<_> = layers
+        .iter()
+        .map(|(media_type, annotations, bytes)| {
+            let digest = crate::support::push_blob(&http, &base, repo, bytes);
+            serde_json::json!({"mediaType": media_type, "digest": digest, "size": bytes.len(), "annotations": annotations})
+        })
+        .collect();
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": vial_core::media::OCI_MANIFEST,
+        "config": {"mediaType": config_type, "digest": config, "size": 2},
+        "layers": descriptors,
+    });
+    let r = http
+        .put(format!("{base}/v2/{repo}/manifests/{tag}"))
+        .header("content-type", vial_core::media::OCI_MANIFEST)
+        .body(serde_json::to_vec(&manifest).unwrap())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().unwrap_or_default());
+}
+
+#[test]
+fn modelpack_and_docker_model_artifacts_read_back_as_their_files() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let weights = pseudo_random(6 << 20, 41);
+    let tokenizer = br#"{"vocab": {"a": 1}}"#.to_vec();
+    // A ModelPack directory layer: a tar holding the tokenizer under its own path.
+    let tar = tar_with(&[("tokenizer/tokenizer.json", &tokenizer)]);
+    push_artifact(
+        &server,
+        "modelpack/m",
+        "v1",
+        "application/vnd.cncf.model.config.v1+json",
+        &[
+            (
+                "application/vnd.cncf.model.weight.v1.raw",
+                serde_json::json!({"org.cncf.model.filepath": "weights/model.safetensors"}),
+                weights.clone(),
+            ),
+            (
+                "application/vnd.cncf.model.weight.config.v1.tar",
+                serde_json::json!({"org.cncf.model.filepath": "tokenizer"}),
+                tar,
+            ),
+        ],
+    );
+    let gguf = pseudo_random(3 << 20, 42);
+    push_artifact(
+        &server,
+        "docker/m",
+        "v1",
+        "application/vnd.docker.ai.model.config.v0.1+json",
+        &[
+            (
+                "application/vnd.docker.ai.gguf.v3",
+                serde_json::json!({}),
+                gguf.clone(),
+            ),
+            (
+                "application/vnd.docker.ai.license",
+                serde_json::json!({}),
+                b"MIT".to_vec(),
+            ),
+        ],
+    );
+
+    let views = read_back(
+        home.path(),
+        &format!("{}/modelpack/m:v1", server.addr),
+        "modelpack",
+    );
+    for view in &views {
+        assert_eq!(
+            std::fs::read(view.join("weights/model.safetensors")).unwrap(),
+            weights
+        );
+        assert_eq!(
+            std::fs::read(view.join("tokenizer/tokenizer.json")).unwrap(),
+            tokenizer
+        );
+    }
+    let views = read_back(
+        home.path(),
+        &format!("{}/docker/m:v1", server.addr),
+        "docker",
+    );
+    for view in &views {
+        assert_eq!(std::fs::read(view.join("model.gguf")).unwrap(), gguf);
+        assert_eq!(std::fs::read(view.join("LICENSE")).unwrap(), b"MIT");
+    }
+}
+
+/// A tar archive of regular files.
+fn tar_with(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, bytes) in files {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, path, *bytes).unwrap();
+    }
+    builder.into_inner().unwrap()
+}
