@@ -85,6 +85,16 @@ pub struct Row {
     pub peak_rss_kib: Option<u64>,
 }
 
+/// One seal: the registry reading an ORAS push back, chunking and hashing it, and committing the
+/// volume.
+#[derive(Debug, Serialize)]
+pub struct Seal {
+    pub case: String,
+    pub seconds: f64,
+    /// Checkpoint bytes / seconds, 10^6 bytes per second.
+    pub mb_s: f64,
+}
+
 #[derive(Debug, Default, Serialize)]
 pub struct PushResults {
     pub machine: Machine,
@@ -103,6 +113,8 @@ pub struct PushResults {
     pub oras_import_seconds: Option<f64>,
     pub runs: Vec<PushRun>,
     pub rows: Vec<Row>,
+    /// The registry sealing each ORAS SDK push into a volume (`vial seal`, timed by the client).
+    pub seals: Vec<Seal>,
     pub notes: Vec<String>,
     pub goals: Vec<Goal>,
 }
@@ -279,7 +291,14 @@ pub async fn push(mut args: PushArgs) -> Result<()> {
         pushers::oras_import_seconds(&args.python).await,
     );
 
-    let server = servers::start_vial(&args.vial, &work.path.join("registry"))?;
+    // Seals of the ORAS pushes are timed on their own below, not left to run in the background
+    // while the next client is being timed.
+    let server = servers::start_vial_with(
+        &args.vial,
+        &work.path.join("registry"),
+        &["--seal-on-push".into(), "false".into()],
+        &[],
+    )?;
     let cache = work.path.join("cache");
     let cache_after_base = work.path.join("cache-after-base");
     let logs = work.path.join("logs");
@@ -340,6 +359,35 @@ pub async fn push(mut args: PushArgs) -> Result<()> {
         let mut run = run.unwrap_or_else(|e| failed_run("skopeo", case, &e));
         run.layout_seconds = r.layouts.iter().find(|l| l.case == tag).map(|l| l.seconds);
         r.runs.push(run);
+    }
+    for case in Case::ALL {
+        sync_disk();
+        eprintln!("vial-bench: vial seal of the ORAS SDK's {}", case.tag());
+        let reference = format!("{}/bench/oras:{}", pushers::host(&server)?, case.tag());
+        let started = std::time::Instant::now();
+        let out = tokio::process::Command::new(&args.vial)
+            .args(["seal", &reference, "--json"])
+            .env("VIAL_LOG", "warn")
+            .output()
+            .await?;
+        let seconds = started.elapsed().as_secs_f64();
+        if out.status.success() {
+            let bytes = r
+                .checkpoints
+                .iter()
+                .find(|g| g.case == case.tag())
+                .map_or(0, |g| g.bytes);
+            r.seals.push(Seal {
+                case: case.tag().into(),
+                seconds,
+                mb_s: bytes as f64 / seconds.max(1e-9) / 1e6,
+            });
+        } else {
+            eprintln!(
+                "vial-bench: seal of {reference} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
     drop(server);
 
@@ -552,6 +600,28 @@ fn print_tables(r: &PushResults) {
                     format!("{:.2}", c.cdc_sha256_2t_gb_s),
                 ],
             ],
+        );
+    }
+
+    if !r.seals.is_empty() {
+        // The registry seals on one thread: compare with the one-thread chunk-and-hash ceiling.
+        let ceiling = r.ceiling.as_ref().map(|c| c.cdc_sha256_1t_gb_s * 1e3);
+        let rows: Vec<Vec<String>> = r
+            .seals
+            .iter()
+            .map(|x| {
+                vec![
+                    label(&x.case),
+                    format!("{:.2}", x.seconds),
+                    format!("{:.1}", x.mb_s),
+                    ceiling.map_or("n/a".into(), |c| format!("{:.0}%", 100.0 * x.mb_s / c)),
+                ]
+            })
+            .collect();
+        table(
+            "vial seal of each ORAS SDK push (the registry reads the pushed layers back, chunks and              hashes them on one thread, and commits the volume; seconds from the client's seal              request to the volume's reference)",
+            &["case", "seconds", "MB/s", "of 1-thread FastCDC + SHA-256 ceiling"],
+            &rows,
         );
     }
 }
