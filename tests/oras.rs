@@ -111,6 +111,24 @@ fn oras_push(python: &Path, server: &Server, mode: &str, reference: &str, workdi
         .arg(workdir));
 }
 
+/// The registry's seal counters: layers read, layers reused, bytes read.
+fn seal_metrics(server: &Server) -> (u64, u64, u64) {
+    let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    (
+        value("vial_seal_layers_total{layer=\"read\"}"),
+        value("vial_seal_layers_total{layer=\"reused\"}"),
+        value("vial_seal_bytes_read_total"),
+    )
+}
+
 /// `vial seal --json`, parsed.
 fn seal(home: &Path, reference: &str) -> serde_json::Value {
     serde_json::from_str(&vial_ok(home, &["seal", reference, "--json"])).expect("seal --json")
@@ -278,9 +296,20 @@ fn a_checkpoint_pushed_with_oras_dedups_against_its_last_seal_and_against_vial_p
     tensors[changed].2 += 1000;
     let changed_bytes = (tensors[changed].1 * 2) as u64;
     write_safetensors(&work.join("model.safetensors"), &tensors);
+    let before = seal_metrics(&server);
     oras_push(&python, &server, "files", "oras/ckpt:step-2", &work);
     let v2 = seal(home.path(), &format!("{}/oras/ckpt:step-2", server.addr));
     assert_ne!(v1["volume"], v2["volume"]);
+    // Only the changed file's layer was read again; config.json's blob was sealed before.
+    let after = seal_metrics(&server);
+    let size = std::fs::metadata(work.join("model.safetensors"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (1, 1, size),
+        "layers read, layers reused, bytes read by the second seal"
+    );
 
     let diff: serde_json::Value = serde_json::from_str(&vial_ok(
         home.path(),
@@ -483,6 +512,55 @@ fn modelpack_and_docker_model_artifacts_read_back_as_their_files() {
             std::fs::read(view.join("tokenizer/tokenizer.json")).unwrap(),
             tokenizer
         );
+    }
+
+    // The next version shares both layers and adds a file: only the new layer is read, and what
+    // was read from the shared ones before (the archive's entries too) makes the same files.
+    let before = seal_metrics(&server);
+    push_artifact(
+        &server,
+        "modelpack/m",
+        "v2",
+        "application/vnd.cncf.model.config.v1+json",
+        &[
+            (
+                "application/vnd.cncf.model.weight.v1.raw",
+                serde_json::json!({"org.cncf.model.filepath": "weights/model.safetensors"}),
+                weights.clone(),
+            ),
+            (
+                "application/vnd.cncf.model.weight.config.v1.tar",
+                serde_json::json!({"org.cncf.model.filepath": "tokenizer"}),
+                tar_with(&[("tokenizer/tokenizer.json", &tokenizer)]),
+            ),
+            (
+                "application/vnd.cncf.model.doc.v1.raw",
+                serde_json::json!({"org.cncf.model.filepath": "README.md"}),
+                b"# m\n".to_vec(),
+            ),
+        ],
+    );
+    let views = read_back(
+        home.path(),
+        &format!("{}/modelpack/m:v2", server.addr),
+        "modelpack-2",
+    );
+    let after = seal_metrics(&server);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, 2),
+        "layers read, reused"
+    );
+    for view in &views {
+        assert_eq!(
+            std::fs::read(view.join("weights/model.safetensors")).unwrap(),
+            weights
+        );
+        assert_eq!(
+            std::fs::read(view.join("tokenizer/tokenizer.json")).unwrap(),
+            tokenizer
+        );
+        assert_eq!(std::fs::read(view.join("README.md")).unwrap(), b"# m\n");
     }
     let views = read_back(
         home.path(),

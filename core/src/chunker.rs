@@ -68,8 +68,7 @@ pub fn plan<R: ReadAt>(path: &str, reader: &mut R, size: u64) -> Result<Vec<Segm
     if size == 0 {
         return Ok(Vec::new());
     }
-    let name = path.rsplit('/').next().unwrap_or(path);
-    if name.len() <= ".safetensors".len() || !name.ends_with(".safetensors") || size < 8 {
+    if !is_safetensors_name(path) || size < 8 {
         return Ok(whole);
     }
     let mut first8 = [0u8; 8];
@@ -83,6 +82,13 @@ pub fn plan<R: ReadAt>(path: &str, reader: &mut R, size: u64) -> Result<Vec<Segm
         Ok(tensors) => safetensors::plan_segments(size, 8 + n, &tensors),
         Err(_) => whole,
     })
+}
+
+/// Whether a file's name makes [`plan`] look for a safetensors header: the one thing besides its
+/// bytes that decides how a file is chunked.
+pub fn is_safetensors_name(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.len() > ".safetensors".len() && name.ends_with(".safetensors")
 }
 
 /// Chunks and hashes one segment, reading it through `window`. `on_chunk` sees every chunk with its

@@ -24,3 +24,14 @@ CREATE TABLE jobs (
 );
 CREATE UNIQUE INDEX jobs_by_target ON jobs (kind, repository, target);
 CREATE INDEX jobs_ready ON jobs (state, lease_until);
+
+-- What sealing read from a layer blob, so sealing the next version of an artifact reads only the
+-- layers that changed. `reading` names how the blob was read (packing, chunker, and for a file
+-- layer whether its name made it a safetensors file); `files` is JSON.
+CREATE TABLE sealed_layers (
+    layer_digest  TEXT NOT NULL,
+    reading       TEXT NOT NULL,
+    files         TEXT NOT NULL,
+    created_at    BIGINT NOT NULL,
+    PRIMARY KEY (layer_digest, reading)
+);

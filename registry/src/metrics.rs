@@ -11,6 +11,9 @@ pub struct Metrics {
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
     manifest_bytes_in: AtomicU64,
+    seal_layers_read: AtomicU64,
+    seal_layers_reused: AtomicU64,
+    seal_bytes_read: AtomicU64,
 }
 
 impl Metrics {
@@ -27,6 +30,16 @@ impl Metrics {
 
     pub fn add_manifest_bytes_in(&self, n: u64) {
         self.manifest_bytes_in.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A layer a seal read (with its size), or reused from an earlier seal of the same blob.
+    pub fn record_seal_layer(&self, reused: bool, bytes: u64) {
+        if reused {
+            self.seal_layers_reused.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.seal_layers_read.fetch_add(1, Ordering::Relaxed);
+            self.seal_bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     pub fn add_bytes_out(&self, n: u64) {
@@ -70,6 +83,25 @@ impl Metrics {
             out,
             "vial_bytes_sent_total {}",
             self.bytes_out.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP vial_seal_layers_total Artifact layers sealed, by whether they were read or reused from an earlier seal of the same blob.\n");
+        out.push_str("# TYPE vial_seal_layers_total counter\n");
+        for (how, n) in [
+            ("read", &self.seal_layers_read),
+            ("reused", &self.seal_layers_reused),
+        ] {
+            let _ = writeln!(
+                out,
+                "vial_seal_layers_total{{layer=\"{how}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str("# HELP vial_seal_bytes_read_total Layer bytes read by seals.\n");
+        out.push_str("# TYPE vial_seal_bytes_read_total counter\n");
+        let _ = writeln!(
+            out,
+            "vial_seal_bytes_read_total {}",
+            self.seal_bytes_read.load(Ordering::Relaxed)
         );
         if let Some(n) = uploads_open {
             out.push_str(

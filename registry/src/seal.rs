@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::io::{StreamReader, SyncIoBridge};
-use vial_core::chunker::{self, Sequential, SequentialError, Window};
+use vial_core::chunker::{self, is_safetensors_name, Sequential, SequentialError, Window};
 use vial_core::chunking::{Cutter, DEFAULT_PARAMS};
 use vial_core::manifest::{summarize, Descriptor, ImageManifest};
 use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, TreeBuilder};
@@ -54,21 +54,25 @@ impl SealError {
     }
 }
 
-/// What reading one layer produced.
-#[derive(Debug, Default)]
+/// What reading one layer produced. Recorded per layer blob, so the next seal of an artifact that
+/// shares the blob does not read it again.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct LayerFiles {
     entries: Vec<SealedEntry>,
     ranges: Vec<RangeChunk>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
 enum SealedEntry {
     File {
         path: String,
         mode: u32,
         chunks: Vec<ChunkRef>,
     },
-    Dir(String),
+    Dir {
+        path: String,
+    },
     Symlink {
         path: String,
         target: String,
@@ -112,8 +116,8 @@ pub async fn seal(
                 SealedEntry::File { path, mode, chunks } => builder.add_file(&path, mode, chunks),
                 SealedEntry::Symlink { path, target } => builder.add_symlink(&path, &target),
                 // Several archives may each carry the directories they share.
-                SealedEntry::Dir(path) if dirs.insert(path.clone()) => builder.add_dir(&path),
-                SealedEntry::Dir(_) => Ok(()),
+                SealedEntry::Dir { path } if dirs.insert(path.clone()) => builder.add_dir(&path),
+                SealedEntry::Dir { .. } => Ok(()),
             };
             added.map_err(|e| SealError::NotSealable(format!("{repo}@{subject}: {e}")))?;
         }
@@ -221,6 +225,26 @@ async fn read_layer(
         .clone()
         .unwrap_or_else(|| (digest.clone(), 0));
     let size = location.size;
+    // How the blob is read decides what it yields: its packing, the chunker, and for a file layer
+    // whether its name makes it a safetensors file.
+    let chunking = ChunkingInfo::v1(DEFAULT_PARAMS);
+    let reading = format!(
+        "{packing:?}/{}-{}-{}-{}{}",
+        chunking.algorithm,
+        chunking.min,
+        chunking.avg,
+        chunking.max,
+        if packing == Packing::Raw && is_safetensors_name(path) {
+            "/safetensors"
+        } else {
+            ""
+        }
+    );
+    if let Some(files) = reuse_layer(state, repo, &digest, &reading, path, packing).await? {
+        state.metrics.record_seal_layer(true, size);
+        return Ok(files);
+    }
+    state.metrics.record_seal_layer(false, size);
     let stream = read_blob(state, &digest, &location, None)
         .await?
         .ok_or_else(|| {
@@ -277,7 +301,65 @@ async fn read_layer(
             layer: layer_digest.clone(),
             message: e.to_string(),
         })?;
+    match serde_json::to_string(&files) {
+        Ok(json) => {
+            state
+                .meta
+                .record_sealed_layer(&layer_digest, &reading, &json)
+                .await?
+        }
+        Err(e) => {
+            tracing::warn!(layer = %layer_digest, error = %e, "could not record a sealed layer")
+        }
+    }
     Ok(files)
+}
+
+/// What an earlier seal read from this layer blob, if it is usable here: a file layer takes this
+/// artifact's path for it, and chunks stored on their own must all still be in the registry.
+async fn reuse_layer(
+    state: &Arc<AppState>,
+    repo: &RepoName,
+    layer: &Digest,
+    reading: &str,
+    path: &str,
+    packing: Packing,
+) -> Result<Option<LayerFiles>, SealError> {
+    let Some(json) = state.meta.sealed_layer(layer, reading).await? else {
+        return Ok(None);
+    };
+    let Ok(mut files) = serde_json::from_str::<LayerFiles>(&json) else {
+        tracing::warn!(%layer, "unreadable sealed-layer record; reading the layer again");
+        return Ok(None);
+    };
+    if packing == Packing::Raw {
+        for entry in &mut files.entries {
+            if let SealedEntry::File { path: p, .. } = entry {
+                path.clone_into(p);
+            }
+        }
+    }
+    if packing != Packing::Raw && packing != Packing::Tar {
+        let mut stored: Vec<Digest> = files
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                SealedEntry::File { chunks, .. } => Some(chunks.iter().map(|c| c.digest.clone())),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        stored.sort();
+        stored.dedup();
+        for batch in stored.chunks(4096) {
+            let present = state.meta.link_present_blobs(repo, batch, true).await?;
+            if present.len() != batch.len() {
+                return Ok(None);
+            }
+        }
+    }
+    tracing::debug!(%layer, "layer sealed before; reusing what was read from it");
+    Ok(Some(files))
 }
 
 /// The blocking half of reading a layer.
@@ -388,7 +470,7 @@ impl LayerReader {
                         files.insert(path, (mode, chunks.clone()));
                     }
                 }
-                tar::EntryType::Directory => self.out.entries.push(SealedEntry::Dir(path)),
+                tar::EntryType::Directory => self.out.entries.push(SealedEntry::Dir { path }),
                 tar::EntryType::Symlink => {
                     let target = entry
                         .link_name()?

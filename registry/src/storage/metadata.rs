@@ -101,7 +101,7 @@ pub struct BlobLocation {
 }
 
 /// A chunk stored as a byte range of a blob that is stored whole.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RangeChunk {
     pub digest: Digest,
     pub size: u64,
@@ -333,6 +333,21 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         attempts: i64,
         outcome: &JobOutcome,
     ) -> Result<bool, StorageError>;
+
+    /// What sealing recorded for a layer blob read the given way, if it was sealed before.
+    async fn sealed_layer(
+        &self,
+        layer: &Digest,
+        reading: &str,
+    ) -> Result<Option<String>, StorageError>;
+
+    /// Records what sealing read from a layer blob (kept if already recorded).
+    async fn record_sealed_layer(
+        &self,
+        layer: &Digest,
+        reading: &str,
+        files: &str,
+    ) -> Result<(), StorageError>;
 
     /// Whether the backend answers, for readiness probes.
     async fn ping(&self) -> Result<(), StorageError>;
