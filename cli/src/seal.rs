@@ -44,7 +44,7 @@ pub fn run(args: SealArgs) -> anyhow::Result<()> {
         };
         if args.no_wait {
             let status = registry
-                .seal(repo, &artifact, true)
+                .seal(repo, &artifact, true, std::time::Duration::ZERO)
                 .await?
                 .with_context(|| format!("{} cannot seal artifacts", reference.registry()))?;
             if args.json {

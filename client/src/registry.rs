@@ -839,15 +839,20 @@ impl Registry {
     }
 
     /// Where vial's seal of the artifact `digest` is (the `_vial/seal` extension). `start` asks
-    /// for the seal (needs push access) and queues it again if it failed. `None` when the
-    /// registry cannot seal, or has not been asked to seal this artifact.
+    /// for the seal (needs push access) and queues it again if it failed; otherwise `wait` lets
+    /// the registry hold the answer until the seal finishes or that much time passes. `None` when
+    /// the registry cannot seal, or has not been asked to seal this artifact.
     pub async fn seal(
         &self,
         repo: &RepoName,
         digest: &Digest,
         start: bool,
+        wait: Duration,
     ) -> Result<Option<SealStatus>, ClientError> {
-        let url = self.url(&format!("/v2/{repo}/_vial/seal/{digest}"));
+        let mut url = self.url(&format!("/v2/{repo}/_vial/seal/{digest}"));
+        if !start && !wait.is_zero() {
+            url.push_str(&format!("?wait={}", wait.as_secs_f64()));
+        }
         let method = if start { Method::POST } else { Method::GET };
         let r = self
             .send(&Self::scope(repo, start), "seal", |c| {

@@ -19,8 +19,11 @@ pub struct Version {
     pub sealed_from: Option<Digest>,
 }
 
-/// How long to wait between looks at a seal in progress, at most.
+/// How long to wait between looks at a seal in progress, at most, when the registry answers
+/// at once.
 const SEAL_POLL_MAX: Duration = Duration::from_secs(2);
+/// How long the registry may hold a seal status request until the seal finishes.
+const SEAL_WAIT: Duration = Duration::from_secs(20);
 
 /// Resolves `target` (a tag is resolved once, here) and loads the version's tree and chunk table:
 /// the index, then the tree blob and the part manifests in one parallel wave (plus the tree
@@ -116,12 +119,12 @@ pub async fn sealed_volume(
     digest: &Digest,
     what: &str,
 ) -> Result<Digest, ClientError> {
-    let mut status = registry.seal(repo, digest, false).await?;
+    let mut status = registry.seal(repo, digest, false, Duration::ZERO).await?;
     if status
         .as_ref()
         .is_none_or(|s| s.state == "failed" || (s.state == "done" && s.volume.is_none()))
     {
-        status = registry.seal(repo, digest, true).await?;
+        status = registry.seal(repo, digest, true, Duration::ZERO).await?;
     }
     let mut wait = Duration::from_millis(100);
     let mut announced = false;
@@ -146,8 +149,17 @@ pub async fn sealed_volume(
             tracing::info!("waiting for the registry to seal {what} into a volume");
             announced = true;
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(SEAL_POLL_MAX);
-        status = registry.seal(repo, digest, false).await?;
+        // The registry holds the request until the seal finishes; one that answers at once (an
+        // older registry, or a wait cut short) is asked again after a growing pause.
+        let asked = std::time::Instant::now();
+        status = registry.seal(repo, digest, false, SEAL_WAIT).await?;
+        if asked.elapsed() < SEAL_WAIT / 2
+            && status
+                .as_ref()
+                .is_some_and(|s| s.state != "done" && s.state != "failed")
+        {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(SEAL_POLL_MAX);
+        }
     }
 }

@@ -25,15 +25,21 @@ const POLL: Duration = Duration::from_secs(5);
 /// Attempts before a job that keeps failing transiently is given up.
 const MAX_ATTEMPTS: i64 = 5;
 
-/// Wakes the runner when a job is queued in this process.
+/// Wakes the runner when a job is queued in this process, and waiters when one finishes here.
 #[derive(Debug, Default)]
 pub struct JobQueue {
     wake: Notify,
+    finished: Notify,
 }
 
 impl JobQueue {
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Resolves when a job this process runs next records its outcome.
+    pub fn finished(&self) -> tokio::sync::futures::Notified<'_> {
+        self.finished.notified()
     }
 }
 
@@ -109,7 +115,9 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
             tracing::warn!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, error, "job will be retried")
         }
     }
-    match state.meta.finish_job(&job.id, job.attempts, &outcome).await {
+    let recorded = state.meta.finish_job(&job.id, job.attempts, &outcome).await;
+    state.jobs.finished.notify_waiters();
+    match recorded {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!(job = %job.id, "job was taken over before it finished; outcome dropped")

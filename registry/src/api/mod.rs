@@ -338,7 +338,7 @@ async fn handle(
             vial::seal_start(state, &repo, &digest).await
         }
         (Endpoint::Seal(repo, digest), Method::GET) => {
-            vial::seal_status(state, &repo, &digest).await
+            vial::seal_status(state, &repo, &digest, req.query.get("wait")).await
         }
         (endpoint, method) => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -182,23 +182,50 @@ pub(super) async fn seal_start(
     Ok(seal_response(StatusCode::ACCEPTED, &job))
 }
 
-/// `GET /v2/<name>/_vial/seal/<digest>`: where the artifact's seal job is.
+/// Longest `?wait=` a seal status request may hold.
+const MAX_SEAL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often a waiting status request looks again for a job another replica runs.
+const SEAL_RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `GET /v2/<name>/_vial/seal/<digest>[?wait=SECONDS]`: where the artifact's seal job is. With
+/// `wait`, an unfinished job is answered once it finishes or the wait (at most 30 s) ends, so a
+/// client learns of the outcome at once without polling fast.
 pub(super) async fn seal_status(
     state: &AppState,
     repo: &RepoName,
     digest: &Digest,
+    wait: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let job = state
-        .meta
-        .get_job(SEAL_JOB, repo, digest.as_str())
-        .await?
-        .ok_or_else(|| {
-            ApiError::not_found(
-                ErrorCode::ManifestUnknown,
-                format!("no seal of {digest} has been asked for in {repo}"),
-            )
-        })?;
-    Ok(seal_response(StatusCode::OK, &job))
+    let wait = wait
+        .and_then(|w| w.parse::<f64>().ok())
+        .filter(|w| w.is_finite() && *w > 0.0)
+        .map_or(std::time::Duration::ZERO, |w| {
+            std::time::Duration::from_secs_f64(w).min(MAX_SEAL_WAIT)
+        });
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Listen before looking, so a finish between the two is not missed.
+        let finished = state.jobs.finished();
+        let job = state
+            .meta
+            .get_job(SEAL_JOB, repo, digest.as_str())
+            .await?
+            .ok_or_else(|| {
+                ApiError::not_found(
+                    ErrorCode::ManifestUnknown,
+                    format!("no seal of {digest} has been asked for in {repo}"),
+                )
+            })?;
+        let now = tokio::time::Instant::now();
+        if matches!(job.state, JobState::Done | JobState::Failed) || now >= deadline {
+            return Ok(seal_response(StatusCode::OK, &job));
+        }
+        let recheck = (deadline - now).min(SEAL_RECHECK);
+        tokio::select! {
+            () = finished => {}
+            () = tokio::time::sleep(recheck) => {}
+        }
+    }
 }
 
 /// After a manifest push: queue a seal when the manifest is a file artifact another tool pushed.
