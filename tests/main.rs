@@ -16,6 +16,7 @@ mod conformance;
 mod copy;
 mod crash;
 mod docker_registry;
+mod lifecycle;
 mod mount;
 mod oras;
 mod s3;

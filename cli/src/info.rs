@@ -15,6 +15,10 @@ use crate::common::{block_on, human_bytes, parse_reference, print_json, Registry
 pub struct VersionsArgs {
     /// The volume: host[:port]/name
     reference: String,
+    /// List deleted versions that `vial restore` can still bring back, with the tags they had
+    /// and until when.
+    #[arg(long)]
+    deleted: bool,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -58,12 +62,29 @@ pub fn run_versions(args: VersionsArgs) -> anyhow::Result<()> {
     let reference = parse_reference(&args.reference)?;
     let registry = args.registry.connect(reference.registry())?;
     block_on(async {
-        let versions = match registry.versions(reference.repo()).await.with_context(|| format!("cannot list versions of {reference}"))? {
+        let versions = match registry.versions(reference.repo(), args.deleted).await.with_context(|| format!("cannot list versions of {reference}"))? {
             Some(v) => v,
             None => bail!("{} does not have vial's versions extension; `vial tag ls` lists tagged versions on any registry", reference.registry()),
         };
         if args.json {
             return print_json(&versions);
+        }
+        if args.deleted {
+            println!(
+                "{:<71}  {:<20}  {:<20}  {:<12}  TAGS IT HAD",
+                "DIGEST", "DELETED", "RESTORABLE UNTIL", "BY"
+            );
+            for v in &versions {
+                println!(
+                    "{:<71}  {:<20}  {:<20}  {:<12}  {}",
+                    v.digest,
+                    v.deleted_at.as_deref().unwrap_or(""),
+                    v.restorable_until.as_deref().unwrap_or(""),
+                    v.deleted_by.as_deref().unwrap_or("-"),
+                    v.tags.join(",")
+                );
+            }
+            return Ok(());
         }
         println!(
             "{:<71}  {:>10}  {:>6}  {:<20}  TAGS",

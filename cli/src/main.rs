@@ -4,6 +4,7 @@
 mod common;
 mod copy;
 mod info;
+mod lifecycle;
 mod login;
 mod mount;
 mod push;
@@ -59,6 +60,10 @@ enum Command {
     Inspect(info::InspectArgs),
     /// Compare two versions: files added, removed, changed, and bytes to fetch.
     Diff(info::DiffArgs),
+    /// Delete versions (reversible for the registry's retention window).
+    Rm(lifecycle::RmArgs),
+    /// Bring back a deleted version, optionally with its tags.
+    Restore(lifecycle::RestoreArgs),
     /// Save credentials for a registry in the Docker config file.
     Login(login::LoginArgs),
     /// Mount a version read-only, lazily: files appear at once, bytes stream in as they are read.
@@ -98,6 +103,8 @@ fn main() -> ExitCode {
         Command::Ls(args) => info::run_ls(args),
         Command::Inspect(args) => info::run_inspect(args),
         Command::Diff(args) => info::run_diff(args),
+        Command::Rm(args) => lifecycle::run_rm(args),
+        Command::Restore(args) => lifecycle::run_restore(args),
         Command::Login(args) => login::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Umount(args) => mount::run_umount(args),

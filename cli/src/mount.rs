@@ -213,7 +213,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         Ok(())
     })?;
     let _ = mounted.wait();
-    mounted.close_cache();
+    mounted.close();
     runtime.shutdown_timeout(Duration::from_secs(2));
     Ok(())
 }

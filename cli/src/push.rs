@@ -117,6 +117,7 @@ pub fn run_push(args: PushArgs) -> anyhow::Result<()> {
                 &layout.index.digest,
                 tag,
                 expect.as_ref().map(Option::as_ref),
+                None,
             )
             .await
             .with_context(|| {

@@ -88,6 +88,24 @@ pub struct ServeArgs {
     /// may serve HTTP only; jobs queued there run on the others.
     #[arg(long, env = "VIAL_RUN_JOBS", value_name = "BOOL")]
     run_jobs: Option<bool>,
+
+    /// How long a deleted version can be restored (`vial restore`) before it is removed for
+    /// good, e.g. 7d, 12h, 0s [default: 7d].
+    #[arg(long, env = "VIAL_RETENTION", value_parser = humantime::parse_duration)]
+    retention: Option<Duration>,
+
+    /// Another retention window for a namespace, e.g. `weights/prod=30d` (repeatable; the longest
+    /// matching namespace wins).
+    #[arg(long, value_name = "NAMESPACE=DURATION", value_parser = parse_namespace_retention)]
+    namespace_retention: Vec<(String, Duration)>,
+}
+
+fn parse_namespace_retention(s: &str) -> Result<(String, Duration), String> {
+    let (ns, d) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAMESPACE=DURATION, got {s:?}"))?;
+    let d = humantime::parse_duration(d).map_err(|e| format!("{d:?}: {e}"))?;
+    Ok((ns.trim_end_matches('/').to_owned(), d))
 }
 
 /// The config file: the same settings as the flags. Unknown keys are an error, so a typo never
@@ -109,6 +127,13 @@ pub struct FileConfig {
     tls_key: Option<PathBuf>,
     seal_on_push: Option<bool>,
     run_jobs: Option<bool>,
+    #[serde(default, with = "humantime_serde_opt")]
+    retention: Option<Duration>,
+    /// `[namespace-retention]`: namespace = "duration".
+    namespace_retention: Option<std::collections::BTreeMap<String, String>>,
+    /// `[[tag-rules]]`: tag protection.
+    #[serde(default)]
+    tag_rules: Vec<vial_registry::config::TagRule>,
     auth: Option<FileAuth>,
 }
 
@@ -184,6 +209,22 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
     config.redirect_blobs = args.redirect_blobs || file.redirect_blobs.unwrap_or(false);
     config.seal_on_push = args.seal_on_push.or(file.seal_on_push).unwrap_or(true);
     config.run_jobs = args.run_jobs.or(file.run_jobs).unwrap_or(true);
+    if let Some(r) = args.retention.or(file.retention) {
+        config.retention = r;
+    }
+    for (ns, d) in file.namespace_retention.iter().flatten() {
+        let d = humantime::parse_duration(d)
+            .with_context(|| format!("namespace-retention for {ns:?}: {d:?}"))?;
+        config
+            .namespace_retention
+            .push((ns.trim_end_matches('/').to_owned(), d));
+    }
+    config.tag_rules = file.tag_rules;
+    // Flags come last, so they win over the file for the same namespace.
+    for (ns, d) in &args.namespace_retention {
+        config.namespace_retention.retain(|(n, _)| n != ns);
+        config.namespace_retention.push((ns.clone(), *d));
+    }
     if let (Some(cert), Some(key)) = (
         args.tls_cert.clone().or(file.tls_cert),
         args.tls_key.clone().or(file.tls_key),

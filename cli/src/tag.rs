@@ -26,6 +26,18 @@ enum TagCommand {
         /// Only move the tag if it currently points at this digest (`none`: only if it does not exist).
         #[arg(long)]
         expect: Option<String>,
+        /// The tag stops resolving at this time (RFC 3339, e.g. 2026-12-31T00:00:00Z) or after
+        /// this long (e.g. 24h, 7d); vial registries remove it then.
+        #[arg(long, value_name = "TIME|DURATION")]
+        expires_at: Option<String>,
+    },
+    /// Every move of a tag: when, by whom, from which digest to which.
+    History {
+        /// The volume: host/name
+        reference: String,
+        tag: String,
+        #[arg(long)]
+        json: bool,
     },
     /// List the tags of a volume and the digest each points at.
     Ls {
@@ -44,10 +56,12 @@ pub fn run(args: TagArgs) -> anyhow::Result<()> {
             reference,
             tag,
             expect,
+            expires_at,
         } => {
             let reference = parse_reference(&reference)?;
             let tag = Tag::parse(&tag).with_context(|| format!("invalid tag {tag:?}"))?;
             let expect = parse_expect(expect.as_deref())?;
+            let expires_at = expires_at.as_deref().map(parse_expiry).transpose()?;
             let registry = args.registry.connect(reference.registry())?;
             block_on(async {
                 let digest = match reference.digest() {
@@ -66,10 +80,14 @@ pub fn run(args: TagArgs) -> anyhow::Result<()> {
                     &digest,
                     &tag,
                     expect.as_ref().map(Option::as_ref),
+                    expires_at.as_deref(),
                 )
                 .await
                 .with_context(|| format!("could not point {tag} at {digest}"))?;
                 eprintln!("{} now points at {digest}", reference.with_tag(tag.clone()));
+                if let Some(at) = &expires_at {
+                    eprintln!("it expires at {at}");
+                }
                 println!("{}", reference.pinned(digest));
                 Ok(())
             })
@@ -106,6 +124,43 @@ pub fn run(args: TagArgs) -> anyhow::Result<()> {
                 Ok(())
             })
         }
+        TagCommand::History {
+            reference,
+            tag,
+            json,
+        } => {
+            let reference = parse_reference(&reference)?;
+            let tag = Tag::parse(&tag).with_context(|| format!("invalid tag {tag:?}"))?;
+            let registry = args.registry.connect(reference.registry())?;
+            block_on(async {
+                let history = registry
+                    .tag_history(reference.repo(), &tag)
+                    .await
+                    .with_context(|| format!("cannot read the history of {tag}"))?
+                    .with_context(|| format!("{} keeps no tag history", reference.registry()))?;
+                if json {
+                    return print_json(&history);
+                }
+                println!(
+                    "{:<20}  {:<16}  {:<12}  {:<71}  TO",
+                    "WHEN", "WHY", "BY", "FROM"
+                );
+                let short = |d: &Option<vial_core::Digest>| {
+                    d.as_ref().map_or("-".to_owned(), |d| d.to_string())
+                };
+                for e in &history {
+                    println!(
+                        "{:<20}  {:<16}  {:<12}  {:<71}  {}",
+                        e.at,
+                        e.reason,
+                        e.by.as_deref().unwrap_or("-"),
+                        short(&e.from),
+                        short(&e.to)
+                    );
+                }
+                Ok(())
+            })
+        }
         TagCommand::Rm { reference } => {
             let reference = parse_reference(&reference)?;
             let Some(tag) = reference.tag() else {
@@ -124,4 +179,14 @@ pub fn run(args: TagArgs) -> anyhow::Result<()> {
             })
         }
     }
+}
+
+/// `--expires-at`: an RFC 3339 time, or a duration from now.
+fn parse_expiry(s: &str) -> anyhow::Result<String> {
+    if let Ok(d) = humantime::parse_duration(s) {
+        return Ok(humantime::format_rfc3339_seconds(std::time::SystemTime::now() + d).to_string());
+    }
+    humantime::parse_rfc3339_weak(s)
+        .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+        .with_context(|| format!("--expires-at {s:?} is neither an RFC 3339 time nor a duration"))
 }

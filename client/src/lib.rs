@@ -16,4 +16,7 @@ mod scan;
 pub mod volume;
 
 pub use error::ClientError;
-pub use registry::{Manifest, Registry, RegistryOptions, SealStatus, VersionInfo};
+pub use registry::{
+    LeaseInfo, Manifest, Registry, RegistryOptions, RestoreReport, SealStatus, TagEventInfo,
+    VersionInfo,
+};

@@ -529,18 +529,20 @@ pub async fn tag_version(
     version: &Digest,
     tag: &vial_core::Tag,
     expect: Option<Option<&Digest>>,
+    expires_at: Option<&str>,
 ) -> Result<(), ClientError> {
     let manifest = registry
         .get_manifest(repo, &vial_core::Target::Digest(version.clone()))
         .await?
         .ok_or_else(|| ClientError::NotFound(format!("{}/{repo}@{version}", registry.host())))?;
     registry
-        .put_manifest(
+        .put_manifest_expiring(
             repo,
             tag.as_str(),
             &manifest.media_type,
             manifest.bytes,
             expect,
+            expires_at,
         )
         .await
         .map_err(|e| match e {

@@ -72,6 +72,45 @@ pub struct VersionInfo {
     pub tags: Vec<String>,
     #[serde(default)]
     pub annotations: Option<std::collections::BTreeMap<String, String>>,
+    /// For a deleted version: when, by whom, and until when it can be restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restorable_until: Option<String>,
+}
+
+/// What a restore brought back.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct RestoreReport {
+    pub digest: Digest,
+    /// Tags pointed at the version again.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Remembered tags left alone because they point at another version now.
+    #[serde(default)]
+    pub tags_moved_on: Vec<String>,
+}
+
+/// One move of a tag.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct TagEventInfo {
+    pub at: String,
+    #[serde(default)]
+    pub from: Option<Digest>,
+    #[serde(default)]
+    pub to: Option<Digest>,
+    #[serde(default)]
+    pub by: Option<String>,
+    pub reason: String,
+}
+
+/// A node's claim that it has a version mounted.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct LeaseInfo {
+    pub holder: String,
+    pub expires_at: String,
 }
 
 const MONOLITHIC_UNKNOWN: u8 = 0;
@@ -719,14 +758,32 @@ impl Registry {
         bytes: Bytes,
         expect: Option<Option<&Digest>>,
     ) -> Result<Digest, ClientError> {
+        self.put_manifest_expiring(repo, reference, media_type, bytes, expect, None)
+            .await
+    }
+
+    /// [`Registry::put_manifest`], with the tag it sets expiring at an RFC 3339 time (vial's
+    /// `Vial-Tag-Expires` header; other registries ignore it).
+    pub async fn put_manifest_expiring(
+        &self,
+        repo: &RepoName,
+        reference: &str,
+        media_type: &str,
+        bytes: Bytes,
+        expect: Option<Option<&Digest>>,
+        expires_at: Option<&str>,
+    ) -> Result<Digest, ClientError> {
         let url = self.url(&format!("/v2/{repo}/manifests/{reference}"));
         let action = format!("{repo}:{reference}");
         let r = self
             .send(&Self::scope(repo, true), &action, |c| {
-                let req = c
+                let mut req = c
                     .put(&url)
                     .header("content-type", media_type)
                     .body(bytes.clone());
+                if let Some(at) = expires_at {
+                    req = req.header("vial-tag-expires", at);
+                }
                 match expect {
                     None => req,
                     Some(None) => req.header("if-none-match", "*"),
@@ -815,9 +872,45 @@ impl Registry {
         Ok(out)
     }
 
-    /// vial's versions extension. `None` when the registry does not have it.
-    pub async fn versions(&self, repo: &RepoName) -> Result<Option<Vec<VersionInfo>>, ClientError> {
-        let url = self.url(&format!("/v2/{repo}/_vial/versions"));
+    /// Every move of a tag, oldest first (vial's tag history extension). `None` when the registry
+    /// does not keep tag history.
+    pub async fn tag_history(
+        &self,
+        repo: &RepoName,
+        tag: &vial_core::Tag,
+    ) -> Result<Option<Vec<TagEventInfo>>, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/tags/{tag}/history"));
+        let r = self
+            .send(&Self::scope(repo, false), "tag history", |c| c.get(&url))
+            .await?;
+        match r.status() {
+            StatusCode::OK => {
+                #[derive(Deserialize)]
+                struct History {
+                    history: Vec<TagEventInfo>,
+                }
+                let h: History = r.json().await.map_err(|e| self.transport(e))?;
+                Ok(Some(h.history))
+            }
+            StatusCode::NOT_FOUND => match self.error(r, &repo.to_string()).await {
+                e @ ClientError::RepositoryNotFound(_) => Err(e),
+                _ => Ok(None),
+            },
+            _ => Err(self.error(r, "tag history").await),
+        }
+    }
+
+    /// vial's versions extension (with `deleted`, the deleted versions that can still be
+    /// restored). `None` when the registry does not have it.
+    pub async fn versions(
+        &self,
+        repo: &RepoName,
+        deleted: bool,
+    ) -> Result<Option<Vec<VersionInfo>>, ClientError> {
+        let mut url = self.url(&format!("/v2/{repo}/_vial/versions"));
+        if deleted {
+            url.push_str("?deleted=true");
+        }
         let r = self
             .send(&Self::scope(repo, false), "versions", |c| c.get(&url))
             .await?;
@@ -868,6 +961,89 @@ impl Registry {
                 }
             }
             _ => Err(self.error(r, &format!("seal of {repo}@{digest}")).await),
+        }
+    }
+
+    /// Brings back a deleted version (vial's restore extension), with its remembered tags if
+    /// `tags`. `None` when there is nothing to restore (never deleted, or past the retention
+    /// window); the registry's message says which.
+    pub async fn restore(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        tags: bool,
+    ) -> Result<RestoreReport, ClientError> {
+        let url = self.url(&format!(
+            "/v2/{repo}/_vial/restore/{digest}{}",
+            if tags { "?tags=true" } else { "" }
+        ));
+        let r = self
+            .send(&format!("repository:{repo}:delete"), "restore", |c| {
+                c.post(&url)
+            })
+            .await?;
+        if r.status().is_success() {
+            return r.json().await.map_err(|e| self.transport(e));
+        }
+        Err(self.error(r, &format!("restore of {repo}@{digest}")).await)
+    }
+
+    /// The nodes that say they have a version mounted. `None` when the registry does not keep
+    /// leases.
+    pub async fn leases(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<Vec<LeaseInfo>>, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/leases/{digest}"));
+        let r = self
+            .send(&Self::scope(repo, false), "leases", |c| c.get(&url))
+            .await?;
+        match r.status() {
+            StatusCode::OK => {
+                #[derive(Deserialize)]
+                struct Leases {
+                    leases: Vec<LeaseInfo>,
+                }
+                let l: Leases = r.json().await.map_err(|e| self.transport(e))?;
+                Ok(Some(l.leases))
+            }
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => Ok(None),
+            _ => Err(self.error(r, &format!("leases of {repo}@{digest}")).await),
+        }
+    }
+
+    /// Takes or renews (`ttl` = `Some`) or drops (`None`) `holder`'s lease on a version. Returns
+    /// false when the registry does not keep leases.
+    pub async fn lease(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        holder: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/leases/{digest}"));
+        let body = serde_json::json!({
+            "holder": holder,
+            "ttl_seconds": ttl.map(|t| t.as_secs()),
+        })
+        .to_string();
+        let method = if ttl.is_some() {
+            Method::PUT
+        } else {
+            Method::DELETE
+        };
+        let r = self
+            .send(&Self::scope(repo, false), "lease", |c| {
+                c.request(method.clone(), &url)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        match r.status() {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => Ok(false),
+            _ => Err(self.error(r, &format!("lease on {repo}@{digest}")).await),
         }
     }
 

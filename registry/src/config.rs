@@ -150,7 +150,51 @@ pub struct Config {
     pub seal_on_push: bool,
     /// Run background jobs (seals) in this process. Replicas that only serve HTTP turn it off.
     pub run_jobs: bool,
+    /// How long a deleted version can be restored before it is removed for good.
+    pub retention: Duration,
+    /// Other retention windows for namespaces (a repository prefix, matched on `/` boundaries;
+    /// the longest match wins).
+    pub namespace_retention: Vec<(String, Duration)>,
+    /// Protection rules for tags.
+    pub tag_rules: Vec<TagRule>,
 }
+
+/// How some tags of a namespace may move. Every rule that matches a tag applies.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TagRule {
+    /// Repositories under this prefix (matched on `/` boundaries); empty for all.
+    #[serde(default)]
+    pub namespace: String,
+    /// Tag names; a trailing `*` matches any suffix (`v*`, `*`).
+    pub tags: Vec<String>,
+    /// Once set, the tag never moves and cannot be removed.
+    #[serde(default)]
+    pub immutable: bool,
+    /// Moves must say where the tag points now (`vial tag set --expect`, HTTP `If-Match`).
+    #[serde(default)]
+    pub require_expect: bool,
+    /// Only these users may move or remove the tag.
+    #[serde(default)]
+    pub users: Option<Vec<String>>,
+}
+
+impl TagRule {
+    pub fn matches(&self, repo: &str, tag: &str) -> bool {
+        let ns = self.namespace.trim_end_matches('/');
+        let in_ns = ns.is_empty()
+            || repo == ns
+            || repo.strip_prefix(ns).is_some_and(|r| r.starts_with('/'));
+        in_ns
+            && self.tags.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => tag.starts_with(prefix),
+                None => tag == p,
+            })
+    }
+}
+
+/// The default retention window for deleted versions.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -178,13 +222,69 @@ impl Config {
             tls: None,
             seal_on_push: true,
             run_jobs: true,
+            retention: DEFAULT_RETENTION,
+            namespace_retention: Vec::new(),
+            tag_rules: Vec::new(),
         }
+    }
+}
+
+impl Config {
+    /// The retention window of deleted versions in `repo`.
+    pub fn retention_for(&self, repo: &str) -> Duration {
+        self.namespace_retention
+            .iter()
+            .filter(|(ns, _)| {
+                let ns = ns.trim_end_matches('/');
+                repo == ns || repo.strip_prefix(ns).is_some_and(|r| r.starts_with('/'))
+            })
+            .max_by_key(|(ns, _)| ns.trim_end_matches('/').len())
+            .map_or(self.retention, |(_, d)| *d)
+    }
+
+    /// The protection rules that apply to `tag` in `repo`.
+    pub fn tag_rules_for<'a>(
+        &'a self,
+        repo: &'a str,
+        tag: &'a str,
+    ) -> impl Iterator<Item = &'a TagRule> {
+        self.tag_rules.iter().filter(move |r| r.matches(repo, tag))
+    }
+
+    /// The shortest retention window of any namespace.
+    pub fn shortest_retention(&self) -> Duration {
+        self.namespace_retention
+            .iter()
+            .map(|(_, d)| *d)
+            .fold(self.retention, Duration::min)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retention_is_the_longest_matching_namespace_s() {
+        let mut c = Config::embedded("/tmp/x");
+        c.namespace_retention = vec![
+            ("weights".into(), Duration::from_secs(30)),
+            ("weights/prod/".into(), Duration::from_secs(90)),
+            ("scratch".into(), Duration::ZERO),
+        ];
+        assert_eq!(c.retention_for("weights/a"), Duration::from_secs(30));
+        assert_eq!(
+            c.retention_for("weights/prod/llama"),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            c.retention_for("weights/production"),
+            Duration::from_secs(30)
+        );
+        assert_eq!(c.retention_for("weightsx/a"), DEFAULT_RETENTION);
+        assert_eq!(c.retention_for("scratch/tmp"), Duration::ZERO);
+        assert_eq!(c.shortest_retention(), Duration::ZERO);
+    }
 
     #[test]
     fn backends_are_picked_from_the_url_scheme_and_passwords_never_print() {

@@ -228,6 +228,34 @@ async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// Removes for good the deleted manifests whose repository's retention window has passed.
+async fn purge_deleted(state: &AppState) {
+    let now = storage::now_millis();
+    let cutoff = now - state.config.shortest_retention().as_millis() as i64;
+    let expired = match state.meta.deleted_before(cutoff, 1000).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %error::error_chain(&e), "janitor could not list deleted manifests");
+            return;
+        }
+    };
+    for (repo, digest, deleted_at) in expired {
+        let retention = state.config.retention_for(repo.as_str());
+        if deleted_at + retention.as_millis() as i64 > now {
+            continue;
+        }
+        match state.meta.purge_manifest(&repo, &digest).await {
+            Ok(true) => {
+                tracing::info!(%repo, %digest, retention = %humantime::format_duration(retention), "deleted manifest removed for good after its retention window")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(%repo, %digest, error = %error::error_chain(&e), "could not remove an expired deleted manifest")
+            }
+        }
+    }
+}
+
 /// Discards upload sessions that nobody has touched for the configured time, with their data.
 async fn janitor(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(state.config.janitor_interval);
@@ -257,6 +285,17 @@ async fn janitor(state: Arc<AppState>) {
             }
             Err(e) => {
                 tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads")
+            }
+        }
+        purge_deleted(&state).await;
+        match state.meta.expire_tags(storage::now_millis()).await {
+            Ok(expired) => {
+                for (repo, tag) in expired {
+                    tracing::info!(%repo, tag, "tag expired and was removed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %error::error_chain(&e), "janitor could not expire tags")
             }
         }
         let cutoff = std::time::SystemTime::now() - state.config.upload_ttl;

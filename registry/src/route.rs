@@ -32,6 +32,12 @@ pub enum Endpoint {
     Versions(RepoName),
     /// `/v2/<name>/_vial/seal/<digest>`: sealing an artifact into a volume (extension).
     Seal(RepoName, Digest),
+    /// `/v2/<name>/_vial/restore/<digest>`: bringing back a deleted version (extension).
+    Restore(RepoName, Digest),
+    /// `/v2/<name>/_vial/leases/<digest>`: nodes that have a version mounted (extension).
+    Leases(RepoName, Digest),
+    /// `/v2/<name>/_vial/tags/<tag>/history`: every move of a tag (extension).
+    TagHistory(RepoName, Tag),
 }
 
 impl Endpoint {
@@ -49,6 +55,9 @@ impl Endpoint {
             Endpoint::BlobsPresent(..) => "vial_blobs_present",
             Endpoint::Versions(..) => "vial_versions",
             Endpoint::Seal(..) => "vial_seal",
+            Endpoint::Restore(..) => "vial_restore",
+            Endpoint::Leases(..) => "vial_leases",
+            Endpoint::TagHistory(..) => "vial_tag_history",
         }
     }
 }
@@ -74,6 +83,19 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
         [name @ .., "_vial", "versions"] if !name.is_empty() => repo(name).map(Endpoint::Versions),
         [name @ .., "_vial", "seal", digest] if !name.is_empty() => {
             repo(name).and_then(|r| Ok(Endpoint::Seal(r, parse_digest(digest)?)))
+        }
+        [name @ .., "_vial", "restore", digest] if !name.is_empty() => {
+            repo(name).and_then(|r| Ok(Endpoint::Restore(r, parse_digest(digest)?)))
+        }
+        [name @ .., "_vial", "tags", tag, "history"] if !name.is_empty() => {
+            repo(name).and_then(|r| {
+                let t = Tag::parse(tag)
+                    .map_err(|e| ApiError::bad_request(ErrorCode::TagInvalid, e.to_string()))?;
+                Ok(Endpoint::TagHistory(r, t))
+            })
+        }
+        [name @ .., "_vial", "leases", digest] if !name.is_empty() => {
+            repo(name).and_then(|r| Ok(Endpoint::Leases(r, parse_digest(digest)?)))
         }
         [name @ .., "blobs", "uploads"] | [name @ .., "blobs", "uploads", ""]
             if !name.is_empty() =>

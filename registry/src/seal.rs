@@ -193,6 +193,8 @@ async fn commit(
         content: blob.bytes.clone(),
         blobs: summary.blobs,
         children: summary.children,
+        pushed_by: None,
+        tags_expire_at: None,
     };
     state
         .meta

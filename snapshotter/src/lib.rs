@@ -14,6 +14,7 @@ mod errno;
 mod fetch;
 mod fs;
 mod inodes;
+mod lease;
 pub mod mount;
 mod prefetch;
 pub mod stats;

@@ -51,6 +51,7 @@ pub struct Mounted {
     unmounter: fuser::SessionUnmounter,
     cache: Arc<ChunkCache>,
     done: std::sync::mpsc::Receiver<std::io::Result<()>>,
+    lease: crate::lease::LeaseKeeper,
     pub mountpoint: PathBuf,
 }
 
@@ -75,9 +76,11 @@ impl Mounted {
         self.done.recv().unwrap_or(Ok(()))
     }
 
-    /// Flushes what this mount cached to disk: call once the filesystem is unmounted.
-    pub fn close_cache(&self) {
+    /// Once the filesystem is unmounted: flushes what this mount cached to disk and drops the
+    /// mount's lease on its version. Call from outside the runtime.
+    pub fn close(&self) {
         self.cache.close();
+        self.lease.release();
     }
 
     /// Whether the session has ended, without blocking.
@@ -129,6 +132,7 @@ pub fn mount(
         options.cache_size,
         Arc::clone(&stats),
     )?);
+    let leased = (registry.clone(), repo.clone(), version.digest.clone());
     let fetcher = Arc::new(Fetcher::new(
         registry,
         repo,
@@ -181,6 +185,14 @@ pub fn mount(
         })
         .map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?;
     raise_readahead(mountpoint);
+    // Only a mount that exists holds a lease.
+    let lease = crate::lease::LeaseKeeper::start(
+        runtime,
+        leased.0,
+        leased.1,
+        leased.2,
+        crate::lease::holder(mountpoint),
+    );
     if options.prefetch == Prefetch::All {
         runtime.spawn(crate::prefetch::prefetch_all(shared));
     }
@@ -188,6 +200,7 @@ pub fn mount(
         unmounter,
         cache,
         done,
+        lease,
         mountpoint: mountpoint.to_owned(),
     })
 }

@@ -101,6 +101,9 @@ pub(super) async fn put(
     }
 
     let subject = summary.subject.as_ref().map(|s| s.digest.clone());
+    let mut precondition = tag_precondition(req)?;
+    let tags = check_tag_rules(state, repo, tags, &digest, &mut precondition, req).await?;
+    let tags_expire_at = tag_expiry(req)?;
     let record = ManifestRecord {
         digest: digest.clone(),
         media_type: summary.media_type,
@@ -110,8 +113,9 @@ pub(super) async fn put(
         content,
         blobs: summary.blobs,
         children: summary.children,
+        pushed_by: req.subject.clone(),
+        tags_expire_at,
     };
-    let precondition = tag_precondition(req)?;
     state
         .meta
         .commit_manifest(repo, &record, &tags, &precondition)
@@ -140,20 +144,139 @@ pub(super) async fn put(
     Ok(response)
 }
 
+/// DELETE by digest hides the manifest at once and keeps it restorable for the repository's
+/// retention window; DELETE by tag removes only the tag.
 pub(super) async fn delete(
     state: &AppState,
     repo: &RepoName,
     target: &Target,
+    by: Option<&str>,
 ) -> Result<Response, ApiError> {
     let existed = match target {
-        Target::Digest(d) => state.meta.delete_manifest(repo, d).await?,
-        Target::Tag(t) => state.meta.delete_tag(repo, t).await?,
+        Target::Digest(d) => state.meta.delete_manifest(repo, d, by).await?,
+        Target::Tag(t) => {
+            // Removing a tag is moving it to nowhere: the same rules apply.
+            if state
+                .config
+                .tag_rules_for(repo.as_str(), t.as_str())
+                .any(|r| r.immutable)
+            {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    ErrorCode::Denied,
+                    format!("tag {t} in {repo} is immutable: it cannot be removed"),
+                ));
+            }
+            check_users(state, repo, t, by)?;
+            state.meta.delete_tag(repo, t, by).await?
+        }
     };
     if !existed {
         return Err(manifest_unknown(repo, target));
     }
-    tracing::info!(%repo, target = ?target, "manifest reference deleted");
+    match target {
+        Target::Digest(d) => tracing::info!(
+            %repo,
+            digest = %d,
+            by = by.unwrap_or("anonymous"),
+            retention = %humantime::format_duration(state.config.retention_for(repo.as_str())),
+            "manifest deleted; restorable within the retention window"
+        ),
+        Target::Tag(t) => tracing::info!(%repo, tag = %t, "tag deleted"),
+    }
     Ok(StatusCode::ACCEPTED.into_response())
+}
+
+fn denied(message: String) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Denied, message)
+}
+
+/// The `users` of every rule on `tag` must include the caller.
+fn check_users(
+    state: &AppState,
+    repo: &RepoName,
+    tag: &Tag,
+    by: Option<&str>,
+) -> Result<(), ApiError> {
+    for rule in state.config.tag_rules_for(repo.as_str(), tag.as_str()) {
+        if let Some(users) = &rule.users {
+            if !by.is_some_and(|u| users.iter().any(|x| x == u)) {
+                return Err(denied(format!(
+                    "tag {tag} in {repo} may only be moved by {}",
+                    users.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Applies the tag protection rules to a push that sets `tags` on `digest`: users, required
+/// preconditions, and immutability (an immutable tag may be created, never moved; setting it
+/// where it already points is a no-op). Returns the tags left to set.
+async fn check_tag_rules(
+    state: &AppState,
+    repo: &RepoName,
+    tags: Vec<Tag>,
+    digest: &vial_core::Digest,
+    precondition: &mut TagPrecondition,
+    req: &Request,
+) -> Result<Vec<Tag>, ApiError> {
+    let mut keep = Vec::with_capacity(tags.len());
+    let several = tags.len() > 1;
+    for tag in tags {
+        let rules: Vec<_> = state
+            .config
+            .tag_rules_for(repo.as_str(), tag.as_str())
+            .collect();
+        if rules.is_empty() {
+            keep.push(tag);
+            continue;
+        }
+        check_users(state, repo, &tag, req.subject.as_deref())?;
+        if rules.iter().any(|r| r.require_expect) && *precondition == TagPrecondition::None {
+            return Err(denied(format!(
+                "tag {tag} in {repo} is protected: say where it points now to move it (vial tag set --expect, or HTTP If-Match / If-None-Match: *)"
+            )));
+        }
+        if rules.iter().any(|r| r.immutable) {
+            match state.meta.tag_target(repo, &tag).await? {
+                Some(current) if &current == digest => continue,
+                Some(current) => {
+                    return Err(denied(format!(
+                        "tag {tag} in {repo} is immutable: it points at {current} and cannot move"
+                    )))
+                }
+                None if several => {
+                    return Err(denied(format!(
+                        "tag {tag} in {repo} is immutable: set it in a push of its own"
+                    )))
+                }
+                // Created only if nobody creates it first.
+                None => *precondition = TagPrecondition::Absent,
+            }
+        }
+        keep.push(tag);
+    }
+    Ok(keep)
+}
+
+/// `Vial-Tag-Expires: <RFC 3339 time>` on a manifest push: the tags it sets stop resolving then.
+fn tag_expiry(req: &Request) -> Result<Option<i64>, ApiError> {
+    let Some(v) = req.header("vial-tag-expires") else {
+        return Ok(None);
+    };
+    let at = humantime::parse_rfc3339_weak(v.trim()).map_err(|e| {
+        ApiError::bad_request(
+            ErrorCode::Unsupported,
+            format!("Vial-Tag-Expires {v:?} is not an RFC 3339 time: {e}"),
+        )
+    })?;
+    let millis = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    Ok(Some(millis))
 }
 
 /// `If-None-Match: *` (the tag must not exist) or `If-Match: "<digest>"` (the tag must point there):

@@ -157,13 +157,16 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         Endpoint::Manifest(r, _) if *method == Method::PUT => repo(r, Action::Push),
         Endpoint::UploadStart(r) | Endpoint::Upload(r, _) => repo(r, Action::Push),
         Endpoint::Seal(r, _) if *method == Method::POST => repo(r, Action::Push),
+        Endpoint::Restore(r, _) => repo(r, Action::Delete),
         Endpoint::Manifest(r, _)
         | Endpoint::Blob(r, _)
         | Endpoint::TagsList(r)
         | Endpoint::Referrers(r, _)
         | Endpoint::BlobsPresent(r)
         | Endpoint::Versions(r)
-        | Endpoint::Seal(r, _) => repo(r, Action::Pull),
+        | Endpoint::Seal(r, _)
+        | Endpoint::Leases(r, _)
+        | Endpoint::TagHistory(r, _) => repo(r, Action::Pull),
     }
 }
 
@@ -307,7 +310,7 @@ async fn handle(
             manifests::put(state, &repo, &target, &req, body).await
         }
         (Endpoint::Manifest(repo, target), Method::DELETE) => {
-            manifests::delete(state, &repo, &target).await
+            manifests::delete(state, &repo, &target, req.subject.as_deref()).await
         }
         (Endpoint::Blob(repo, digest), Method::GET | Method::HEAD) => {
             blobs::get(state, &repo, &digest, &req).await
@@ -333,7 +336,21 @@ async fn handle(
             };
             vial::blobs_present(state, &repo, body, across).await
         }
-        (Endpoint::Versions(repo), Method::GET) => vial::versions(state, &repo).await,
+        (Endpoint::Versions(repo), Method::GET) => {
+            let deleted = matches!(req.query.get("deleted"), Some("true" | "1"));
+            vial::versions(state, &repo, deleted).await
+        }
+        (Endpoint::Restore(repo, digest), Method::POST) => {
+            let tags = matches!(req.query.get("tags"), Some("true" | "1"));
+            vial::restore(state, &repo, &digest, tags).await
+        }
+        (Endpoint::TagHistory(repo, tag), Method::GET) => {
+            vial::tag_history(state, &repo, &tag).await
+        }
+        (Endpoint::Leases(repo, digest), Method::GET) => vial::leases(state, &repo, &digest).await,
+        (Endpoint::Leases(repo, digest), Method::PUT | Method::DELETE) => {
+            vial::lease_change(state, &repo, &digest, &req, body).await
+        }
         (Endpoint::Seal(repo, digest), Method::POST) => {
             vial::seal_start(state, &repo, &digest).await
         }

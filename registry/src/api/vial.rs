@@ -90,13 +90,33 @@ struct Version<'a> {
     tags: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deleted_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    deleted_by: Option<&'a str>,
+    /// Until when `vial restore` can bring it back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restorable_until: Option<String>,
 }
 
-/// `GET /v2/<name>/_vial/versions`: every sealed volume version of the repository, newest first.
-pub(super) async fn versions(state: &AppState, repo: &RepoName) -> Result<Response, ApiError> {
+fn rfc3339(millis: i64) -> String {
+    humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis.max(0) as u64),
+    )
+    .to_string()
+}
+
+/// `GET /v2/<name>/_vial/versions[?deleted=true]`: every sealed volume version of the repository,
+/// newest first; or the deleted ones that can still be restored, with their remembered tags.
+pub(super) async fn versions(
+    state: &AppState,
+    repo: &RepoName,
+    deleted: bool,
+) -> Result<Response, ApiError> {
+    let retention = state.config.retention_for(repo.as_str()).as_millis() as i64;
     let rows = state
         .meta
-        .list_versions(repo, VOLUME_ARTIFACT_TYPE)
+        .list_versions(repo, VOLUME_ARTIFACT_TYPE, deleted)
         .await?
         .ok_or_else(|| {
             ApiError::not_found(
@@ -104,17 +124,19 @@ pub(super) async fn versions(state: &AppState, repo: &RepoName) -> Result<Respon
                 format!("repository {repo} is not known"),
             )
         })?;
+    let now = crate::storage::now_millis();
     let versions: Vec<Version> = rows
         .iter()
+        // Past its window a deleted version is gone, whether or not the janitor has run yet.
+        .filter(|r| r.deleted_at.is_none_or(|at| at + retention > now))
         .map(|r| Version {
             digest: &r.digest,
-            created_at: humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH
-                    + std::time::Duration::from_millis(r.created_at.max(0) as u64),
-            )
-            .to_string(),
+            created_at: rfc3339(r.created_at),
             tags: &r.tags,
             annotations: r.annotations.as_ref(),
+            deleted_at: r.deleted_at.map(rfc3339),
+            deleted_by: r.deleted_by.as_deref(),
+            restorable_until: r.deleted_at.map(|at| rfc3339(at + retention)),
         })
         .collect();
     let body = serde_json::to_vec(&serde_json::json!({ "name": repo, "versions": versions }))
@@ -255,4 +277,139 @@ pub(super) async fn seal_on_push(
             tracing::warn!(%repo, %digest, error = %crate::error::error_chain(&e), "could not queue a seal")
         }
     }
+}
+
+/// `POST /v2/<name>/_vial/restore/<digest>[?tags=true]`: brings back a version deleted within the
+/// repository's retention window, and with `tags` the tags it had that nobody has taken since.
+pub(super) async fn restore(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    with_tags: bool,
+) -> Result<Response, ApiError> {
+    let retention = state.config.retention_for(repo.as_str());
+    let since = crate::storage::now_millis() - retention.as_millis() as i64;
+    let restored = state
+        .meta
+        .restore_manifest(repo, digest, since, with_tags)
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(
+                ErrorCode::ManifestUnknown,
+                format!(
+                    "{repo} has no deleted manifest {digest} to restore: it was never deleted, or was \
+                     deleted more than {} ago (this repository's retention window)",
+                    humantime::format_duration(retention)
+                ),
+            )
+        })?;
+    tracing::info!(%repo, %digest, tags = ?restored.tags, tags_moved_on = ?restored.tags_moved_on, "deleted manifest restored");
+    let body = serde_json::to_vec(&serde_json::json!({
+        "digest": digest,
+        "tags": restored.tags,
+        "tags_moved_on": restored.tags_moved_on,
+    }))
+    .unwrap_or_default();
+    let mut r = (StatusCode::OK, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    Ok(r)
+}
+
+/// Longest lease a node may take at once; it renews well before the end.
+const MAX_LEASE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+#[derive(Deserialize)]
+struct LeaseRequest {
+    holder: String,
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
+}
+
+/// `GET /v2/<name>/_vial/leases/<digest>`: the nodes that say they have this version mounted.
+pub(super) async fn leases(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+) -> Result<Response, ApiError> {
+    let leases = state
+        .meta
+        .leases(repo, digest, crate::storage::now_millis())
+        .await?;
+    let list: Vec<_> = leases
+        .iter()
+        .map(|l| serde_json::json!({"holder": l.holder, "expires_at": rfc3339(l.expires_at)}))
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "leases": list })).unwrap_or_default();
+    let mut r = (StatusCode::OK, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    Ok(r)
+}
+
+/// `PUT` (take or renew, `{"holder", "ttl_seconds"}`) or `DELETE` (`{"holder"}`) a lease.
+pub(super) async fn lease_change(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &Digest,
+    req: &super::Request,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map_err(|e| ApiError::bad_request(ErrorCode::Unsupported, format!("lease body: {e}")))?;
+    let request: LeaseRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(
+            ErrorCode::Unsupported,
+            format!("expected {{\"holder\": \"...\", \"ttl_seconds\": N}}: {e}"),
+        )
+    })?;
+    if request.holder.is_empty() || request.holder.len() > 512 {
+        return Err(ApiError::bad_request(
+            ErrorCode::Unsupported,
+            "a lease holder is 1 to 512 bytes",
+        ));
+    }
+    if req.method == axum::http::Method::DELETE {
+        state.meta.drop_lease(repo, digest, &request.holder).await?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let ttl = std::time::Duration::from_secs(request.ttl_seconds.unwrap_or(300)).min(MAX_LEASE);
+    let expires_at = crate::storage::now_millis() + ttl.as_millis() as i64;
+    state
+        .meta
+        .put_lease(repo, digest, &request.holder, expires_at)
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `GET /v2/<name>/_vial/tags/<tag>/history`: every move of the tag, oldest first.
+pub(super) async fn tag_history(
+    state: &AppState,
+    repo: &RepoName,
+    tag: &vial_core::Tag,
+) -> Result<Response, ApiError> {
+    let events = state.meta.tag_history(repo, tag).await?.ok_or_else(|| {
+        ApiError::not_found(
+            ErrorCode::NameUnknown,
+            format!("repository {repo} is not known"),
+        )
+    })?;
+    let list: Vec<_> = events
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "at": rfc3339(e.at),
+                "from": e.from,
+                "to": e.to,
+                "by": e.actor,
+                "reason": e.reason,
+            })
+        })
+        .collect();
+    let body = serde_json::to_vec(
+        &serde_json::json!({ "name": repo, "tag": tag.as_str(), "history": list }),
+    )
+    .unwrap_or_default();
+    let mut r = (StatusCode::OK, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    Ok(r)
 }

@@ -22,6 +22,21 @@ pub struct ManifestRecord {
     pub blobs: Vec<Digest>,
     /// Manifests that must already be in the repository (an index's children).
     pub children: Vec<Digest>,
+    /// Who pushed it, for the tag history.
+    pub pushed_by: Option<String>,
+    /// When the tags this push sets stop resolving (Unix milliseconds); `None` never.
+    pub tags_expire_at: Option<i64>,
+}
+
+/// One move of a tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagEvent {
+    pub from: Option<Digest>,
+    pub to: Option<Digest>,
+    pub at: i64,
+    pub actor: Option<String>,
+    /// `push`, `delete`, `version-deleted`, `restore` or `expired`.
+    pub reason: String,
 }
 
 /// A condition on where a tag points before a manifest push moves it (HTTP `If-Match` /
@@ -41,7 +56,27 @@ pub struct VersionRow {
     pub digest: Digest,
     pub created_at: i64,
     pub annotations: Option<BTreeMap<String, String>>,
+    /// Tags pointing at it; for a deleted version, the tags that pointed at it when it was deleted.
     pub tags: Vec<String>,
+    /// When it was deleted (Unix milliseconds), for a deleted version.
+    pub deleted_at: Option<i64>,
+    pub deleted_by: Option<String>,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Remembered tags pointed at the version again.
+    pub tags: Vec<String>,
+    /// Remembered tags left alone because they now point elsewhere.
+    pub tags_moved_on: Vec<String>,
+}
+
+/// A node's claim that it has a version mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub holder: String,
+    pub expires_at: i64,
 }
 
 /// A manifest as stored.
@@ -242,11 +277,13 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         across_repositories: bool,
     ) -> Result<Vec<Digest>, StorageError>;
 
-    /// Manifests of `artifact_type` in `repo`, newest first, with the tags pointing at each.
+    /// Manifests of `artifact_type` in `repo`, newest first, with the tags pointing at each; with
+    /// `deleted`, the deleted ones instead, most recently deleted first, with their remembered tags.
     async fn list_versions(
         &self,
         repo: &RepoName,
         artifact_type: &str,
+        deleted: bool,
     ) -> Result<Option<Vec<VersionRow>>, StorageError>;
 
     async fn get_manifest(
@@ -255,12 +292,82 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         target: &Target,
     ) -> Result<Option<StoredManifest>, StorageError>;
 
-    /// Deletes a manifest and every tag pointing at it. Returns whether it existed.
-    async fn delete_manifest(&self, repo: &RepoName, digest: &Digest)
-        -> Result<bool, StorageError>;
+    /// Soft-deletes a manifest: hides it and removes the tags pointing at it, remembering them.
+    /// Returns whether a live manifest was there.
+    async fn delete_manifest(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        by: Option<&str>,
+    ) -> Result<bool, StorageError>;
+
+    /// Brings back a manifest deleted at or after `deleted_since` (Unix milliseconds), and with
+    /// `with_tags` the tags it had that nobody has taken since. `None` when there is no such
+    /// deleted manifest.
+    async fn restore_manifest(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        deleted_since: i64,
+        with_tags: bool,
+    ) -> Result<Option<Restored>, StorageError>;
+
+    /// Deleted manifests (repository, digest, deleted at) deleted before `before`, oldest first.
+    async fn deleted_before(
+        &self,
+        before: i64,
+        limit: u32,
+    ) -> Result<Vec<(RepoName, Digest, i64)>, StorageError>;
+
+    /// Removes a deleted manifest for good (its tags and references go with it). Returns whether
+    /// it was there, still deleted.
+    async fn purge_manifest(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError>;
+
+    /// Records or renews `holder`'s lease on a version until `expires_at`.
+    async fn put_lease(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<(), StorageError>;
+
+    /// Drops a lease. Returns whether it was there.
+    async fn drop_lease(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        holder: &str,
+    ) -> Result<bool, StorageError>;
+
+    /// Leases on a version that have not expired by `now`.
+    async fn leases(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        now: i64,
+    ) -> Result<Vec<Lease>, StorageError>;
 
     /// Deletes a tag, leaving its manifest. Returns whether it existed.
-    async fn delete_tag(&self, repo: &RepoName, tag: &Tag) -> Result<bool, StorageError>;
+    async fn delete_tag(
+        &self,
+        repo: &RepoName,
+        tag: &Tag,
+        by: Option<&str>,
+    ) -> Result<bool, StorageError>;
+
+    /// Every move of a tag, oldest first. `None` when the repository is unknown.
+    async fn tag_history(
+        &self,
+        repo: &RepoName,
+        tag: &Tag,
+    ) -> Result<Option<Vec<TagEvent>>, StorageError>;
+
+    /// Removes tags whose expiry has passed by `now`, recording why. Returns (repository, tag).
+    async fn expire_tags(&self, now: i64) -> Result<Vec<(RepoName, String)>, StorageError>;
+
+    /// Where a tag points now, if it exists and has not expired.
+    async fn tag_target(&self, repo: &RepoName, tag: &Tag) -> Result<Option<Digest>, StorageError>;
 
     /// Tags of `repo` in lexical order after `last`, or `None` when the repository is unknown.
     async fn list_tags(

@@ -14,8 +14,9 @@ mod sql;
 pub use blob::{BlobStore, ByteRange, ByteStream, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
-    BlobLocation, CommitManifestError, Job, JobOutcome, JobState, ManifestRecord, MetadataStore,
-    Page, RangeChunk, StoredManifest, TagPrecondition, UploadSession, VersionRow,
+    BlobLocation, CommitManifestError, Job, JobOutcome, JobState, Lease, ManifestRecord,
+    MetadataStore, Page, RangeChunk, Restored, StoredManifest, TagEvent, TagPrecondition,
+    UploadSession, VersionRow,
 };
 pub use s3::S3BlobStore;
 pub use sql::{Dialect, SqlMetadataStore};

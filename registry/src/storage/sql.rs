@@ -17,8 +17,9 @@ use vial_core::manifest::Descriptor;
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use super::metadata::{
-    BlobLocation, CommitManifestError, Job, JobOutcome, JobState, ManifestRecord, MetadataStore,
-    Page, RangeChunk, StoredManifest, TagPrecondition, UploadSession, VersionRow,
+    BlobLocation, CommitManifestError, Job, JobOutcome, JobState, Lease, ManifestRecord,
+    MetadataStore, Page, RangeChunk, Restored, StoredManifest, TagEvent, TagPrecondition,
+    UploadSession, VersionRow,
 };
 use super::{now_millis, StorageError};
 
@@ -34,6 +35,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "seals",
         include_str!("../../../migrations/sqlite/0002_seals.sql"),
     ),
+    (
+        3,
+        "lifecycle",
+        include_str!("../../../migrations/sqlite/0003_lifecycle.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -45,6 +51,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "seals",
         include_str!("../../../migrations/postgres/0002_seals.sql"),
+    ),
+    (
+        3,
+        "lifecycle",
+        include_str!("../../../migrations/postgres/0003_lifecycle.sql"),
     ),
 ];
 
@@ -225,6 +236,41 @@ async fn repo_id_for_write(
     sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
         .bind(repo.as_str())
         .fetch_one(&mut **tx)
+        .await
+}
+
+async fn record_tag_event(
+    tx: &mut Transaction<'_, Any>,
+    repo_id: i64,
+    tag: &str,
+    from: Option<&str>,
+    to: Option<&str>,
+    actor: Option<&str>,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO tag_events (repository_id, tag, from_digest, to_digest, at, actor, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(repo_id)
+    .bind(tag)
+    .bind(from)
+    .bind(to)
+    .bind(now_millis())
+    .bind(actor)
+    .bind(reason)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn repo_id_in(
+    tx: &mut Transaction<'_, Any>,
+    repo: &RepoName,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
+        .bind(repo.as_str())
+        .fetch_optional(&mut **tx)
         .await
 }
 
@@ -435,7 +481,10 @@ impl MetadataStore for SqlMetadataStore {
             .map(|a| serde_json::to_string(a).unwrap_or_default());
         let inserted = sqlx::query(
             "INSERT INTO manifests (repository_id, digest, media_type, artifact_type, subject, annotations, size, content, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (repository_id, digest) DO UPDATE
+                SET deleted_at = NULL, deleted_tags = NULL, deleted_by = NULL
+              WHERE manifests.deleted_at IS NOT NULL",
         )
         .bind(repo_id)
         .bind(manifest.digest.as_str())
@@ -467,33 +516,42 @@ impl MetadataStore for SqlMetadataStore {
             }
         }
         for tag in tags {
+            let before: Option<String> = sqlx::query_scalar(
+                "SELECT manifest_digest FROM tags WHERE repository_id = $1 AND name = $2",
+            )
+            .bind(repo_id)
+            .bind(tag.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
             // Each move is one conditional statement, so concurrent moves on any number of
             // replicas cannot both pass the same precondition.
             let moved = match precondition {
                 TagPrecondition::None => sqlx::query(
-                    "INSERT INTO tags (repository_id, name, manifest_digest, updated_at) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (repository_id, name) DO UPDATE SET manifest_digest = excluded.manifest_digest, updated_at = excluded.updated_at",
+                    "INSERT INTO tags (repository_id, name, manifest_digest, updated_at, expires_at) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (repository_id, name) DO UPDATE SET manifest_digest = excluded.manifest_digest, updated_at = excluded.updated_at, expires_at = excluded.expires_at",
                 )
                 .bind(repo_id)
                 .bind(tag.as_str())
                 .bind(manifest.digest.as_str())
                 .bind(now)
+                .bind(manifest.tags_expire_at)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected(),
                 TagPrecondition::Absent => sqlx::query(
-                    "INSERT INTO tags (repository_id, name, manifest_digest, updated_at) VALUES ($1, $2, $3, $4)
+                    "INSERT INTO tags (repository_id, name, manifest_digest, updated_at, expires_at) VALUES ($1, $2, $3, $4, $5)
                      ON CONFLICT (repository_id, name) DO NOTHING",
                 )
                 .bind(repo_id)
                 .bind(tag.as_str())
                 .bind(manifest.digest.as_str())
                 .bind(now)
+                .bind(manifest.tags_expire_at)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected(),
                 TagPrecondition::At(expected) => sqlx::query(
-                    "UPDATE tags SET manifest_digest = $1, updated_at = $2
+                    "UPDATE tags SET manifest_digest = $1, updated_at = $2, expires_at = $6
                       WHERE repository_id = $3 AND name = $4 AND manifest_digest = $5",
                 )
                 .bind(manifest.digest.as_str())
@@ -501,10 +559,23 @@ impl MetadataStore for SqlMetadataStore {
                 .bind(repo_id)
                 .bind(tag.as_str())
                 .bind(expected.as_str())
+                .bind(manifest.tags_expire_at)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected(),
             };
+            if moved > 0 && before.as_deref() != Some(manifest.digest.as_str()) {
+                record_tag_event(
+                    &mut tx,
+                    repo_id,
+                    tag.as_str(),
+                    before.as_deref(),
+                    Some(manifest.digest.as_str()),
+                    manifest.pushed_by.as_deref(),
+                    "push",
+                )
+                .await?;
+            }
             if moved == 0 {
                 let current: Option<String> = sqlx::query_scalar(
                     "SELECT manifest_digest FROM tags WHERE repository_id = $1 AND name = $2",
@@ -534,7 +605,7 @@ impl MetadataStore for SqlMetadataStore {
                 sqlx::query(
                     "SELECT m.digest, m.media_type, m.content FROM manifests m
                        JOIN repositories r ON r.id = m.repository_id
-                      WHERE r.name = $1 AND m.digest = $2",
+                      WHERE r.name = $1 AND m.digest = $2 AND m.deleted_at IS NULL",
                 )
                 .bind(repo.as_str())
                 .bind(d.as_str())
@@ -546,10 +617,12 @@ impl MetadataStore for SqlMetadataStore {
                     "SELECT m.digest, m.media_type, m.content FROM tags t
                        JOIN repositories r ON r.id = t.repository_id
                        JOIN manifests m ON m.repository_id = t.repository_id AND m.digest = t.manifest_digest
-                      WHERE r.name = $1 AND t.name = $2",
+                      WHERE r.name = $1 AND t.name = $2 AND m.deleted_at IS NULL
+                        AND (t.expires_at IS NULL OR t.expires_at > $3)",
                 )
                 .bind(repo.as_str())
                 .bind(t.as_str())
+                .bind(now_millis())
                 .fetch_optional(&self.reader)
                 .await?
             }
@@ -567,14 +640,353 @@ impl MetadataStore for SqlMetadataStore {
         &self,
         repo: &RepoName,
         digest: &Digest,
+        by: Option<&str>,
     ) -> Result<bool, StorageError> {
-        // Tags and reference rows go with it through ON DELETE CASCADE.
-        self.delete_one("manifests", "digest", repo, digest.as_str())
-            .await
+        let mut tx = self.writer.begin().await?;
+        let Some(repo_id) = repo_id_in(&mut tx, repo).await? else {
+            return Ok(false);
+        };
+        let mut tags: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM tags WHERE repository_id = $1 AND manifest_digest = $2",
+        )
+        .bind(repo_id)
+        .bind(digest.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        tags.sort();
+        let hidden = sqlx::query(
+            "UPDATE manifests SET deleted_at = $3, deleted_tags = $4, deleted_by = $5
+              WHERE repository_id = $1 AND digest = $2 AND deleted_at IS NULL",
+        )
+        .bind(repo_id)
+        .bind(digest.as_str())
+        .bind(now_millis())
+        .bind(serde_json::to_string(&tags).unwrap_or_default())
+        .bind(by)
+        .execute(&mut *tx)
+        .await?;
+        if hidden.rows_affected() == 0 {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM tags WHERE repository_id = $1 AND manifest_digest = $2")
+            .bind(repo_id)
+            .bind(digest.as_str())
+            .execute(&mut *tx)
+            .await?;
+        for tag in &tags {
+            record_tag_event(
+                &mut tx,
+                repo_id,
+                tag,
+                Some(digest.as_str()),
+                None,
+                by,
+                "version-deleted",
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
-    async fn delete_tag(&self, repo: &RepoName, tag: &Tag) -> Result<bool, StorageError> {
-        self.delete_one("tags", "name", repo, tag.as_str()).await
+    async fn restore_manifest(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        deleted_since: i64,
+        with_tags: bool,
+    ) -> Result<Option<Restored>, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        let Some(repo_id) = repo_id_in(&mut tx, repo).await? else {
+            return Ok(None);
+        };
+        let condition =
+            "repository_id = $1 AND digest = $2 AND deleted_at IS NOT NULL AND deleted_at >= $3";
+        let remembered: Option<Option<String>> = sqlx::query_scalar(&format!(
+            "SELECT deleted_tags FROM manifests WHERE {condition}"
+        ))
+        .bind(repo_id)
+        .bind(digest.as_str())
+        .bind(deleted_since)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(remembered) = remembered else {
+            return Ok(None);
+        };
+        // The condition again: of two concurrent restores, PostgreSQL lets only one through.
+        let restored_row = sqlx::query(&format!(
+            "UPDATE manifests SET deleted_at = NULL, deleted_tags = NULL, deleted_by = NULL WHERE {condition}"
+        ))
+        .bind(repo_id)
+        .bind(digest.as_str())
+        .bind(deleted_since)
+        .execute(&mut *tx)
+        .await?;
+        if restored_row.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let mut restored = Restored::default();
+        if with_tags {
+            let tags: Vec<String> = remembered
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            for tag in tags {
+                let taken = sqlx::query(
+                    "INSERT INTO tags (repository_id, name, manifest_digest, updated_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (repository_id, name) DO NOTHING",
+                )
+                .bind(repo_id)
+                .bind(&tag)
+                .bind(digest.as_str())
+                .bind(now_millis())
+                .execute(&mut *tx)
+                .await?;
+                if taken.rows_affected() > 0 {
+                    record_tag_event(
+                        &mut tx,
+                        repo_id,
+                        &tag,
+                        None,
+                        Some(digest.as_str()),
+                        None,
+                        "restore",
+                    )
+                    .await?;
+                    restored.tags.push(tag);
+                } else {
+                    restored.tags_moved_on.push(tag);
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(Some(restored))
+    }
+
+    async fn deleted_before(
+        &self,
+        before: i64,
+        limit: u32,
+    ) -> Result<Vec<(RepoName, Digest, i64)>, StorageError> {
+        let rows = sqlx::query(
+            "SELECT r.name, m.digest, m.deleted_at FROM manifests m
+               JOIN repositories r ON r.id = m.repository_id
+              WHERE m.deleted_at IS NOT NULL AND m.deleted_at < $1
+              ORDER BY m.deleted_at LIMIT $2",
+        )
+        .bind(before)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let name: String = row.try_get("name")?;
+                let digest: String = row.try_get("digest")?;
+                Ok((
+                    RepoName::parse(&name).map_err(|e| {
+                        StorageError::Corrupt(format!("stored repository {name:?}: {e}"))
+                    })?,
+                    parse_digest(&digest)?,
+                    row.try_get("deleted_at")?,
+                ))
+            })
+            .collect()
+    }
+
+    async fn purge_manifest(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError> {
+        // Tags and reference rows go with it through ON DELETE CASCADE.
+        let done = sqlx::query(
+            "DELETE FROM manifests
+              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1)
+                AND digest = $2 AND deleted_at IS NOT NULL",
+        )
+        .bind(repo.as_str())
+        .bind(digest.as_str())
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn put_lease(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        holder: &str,
+        expires_at: i64,
+    ) -> Result<(), StorageError> {
+        sqlx::query(
+            "INSERT INTO leases (repository, digest, holder, expires_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (repository, digest, holder) DO UPDATE SET expires_at = excluded.expires_at",
+        )
+        .bind(repo.as_str())
+        .bind(digest.as_str())
+        .bind(holder)
+        .bind(expires_at)
+        .execute(&self.writer)
+        .await?;
+        // Expired leases of anyone are of no use to anyone.
+        sqlx::query("DELETE FROM leases WHERE expires_at < $1")
+            .bind(now_millis() - 24 * 3600 * 1000)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    async fn drop_lease(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        holder: &str,
+    ) -> Result<bool, StorageError> {
+        let done =
+            sqlx::query("DELETE FROM leases WHERE repository = $1 AND digest = $2 AND holder = $3")
+                .bind(repo.as_str())
+                .bind(digest.as_str())
+                .bind(holder)
+                .execute(&self.writer)
+                .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn leases(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        now: i64,
+    ) -> Result<Vec<Lease>, StorageError> {
+        let rows = sqlx::query(
+            "SELECT holder, expires_at FROM leases
+              WHERE repository = $1 AND digest = $2 AND expires_at > $3 ORDER BY holder",
+        )
+        .bind(repo.as_str())
+        .bind(digest.as_str())
+        .bind(now)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Lease {
+                    holder: row.try_get("holder")?,
+                    expires_at: row.try_get("expires_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn delete_tag(
+        &self,
+        repo: &RepoName,
+        tag: &Tag,
+        by: Option<&str>,
+    ) -> Result<bool, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        let Some(repo_id) = repo_id_in(&mut tx, repo).await? else {
+            return Ok(false);
+        };
+        let before: Option<String> = sqlx::query_scalar(
+            "DELETE FROM tags WHERE repository_id = $1 AND name = $2 RETURNING manifest_digest",
+        )
+        .bind(repo_id)
+        .bind(tag.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(before) = before else {
+            return Ok(false);
+        };
+        record_tag_event(
+            &mut tx,
+            repo_id,
+            tag.as_str(),
+            Some(&before),
+            None,
+            by,
+            "delete",
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn tag_history(
+        &self,
+        repo: &RepoName,
+        tag: &Tag,
+    ) -> Result<Option<Vec<TagEvent>>, StorageError> {
+        let Some(repo_id) = repo_id(&self.reader, repo).await? else {
+            return Ok(None);
+        };
+        let rows = sqlx::query(
+            "SELECT from_digest, to_digest, at, actor, reason FROM tag_events
+              WHERE repository_id = $1 AND tag = $2 ORDER BY at",
+        )
+        .bind(repo_id)
+        .bind(tag.as_str())
+        .fetch_all(&self.reader)
+        .await?;
+        let digest = |v: Option<String>| v.as_deref().map(parse_digest).transpose();
+        rows.iter()
+            .map(|row| {
+                Ok(TagEvent {
+                    from: digest(row.try_get("from_digest")?)?,
+                    to: digest(row.try_get("to_digest")?)?,
+                    at: row.try_get("at")?,
+                    actor: row.try_get("actor")?,
+                    reason: row.try_get("reason")?,
+                })
+            })
+            .collect::<Result<Vec<_>, StorageError>>()
+            .map(Some)
+    }
+
+    async fn expire_tags(&self, now: i64) -> Result<Vec<(RepoName, String)>, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        let rows = sqlx::query(
+            "SELECT t.repository_id, r.name AS repo, t.name, t.manifest_digest FROM tags t
+               JOIN repositories r ON r.id = t.repository_id
+              WHERE t.expires_at IS NOT NULL AND t.expires_at <= $1",
+        )
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut expired = Vec::new();
+        for row in rows {
+            let repo_id: i64 = row.try_get("repository_id")?;
+            let repo: String = row.try_get("repo")?;
+            let name: String = row.try_get("name")?;
+            let digest: String = row.try_get("manifest_digest")?;
+            sqlx::query("DELETE FROM tags WHERE repository_id = $1 AND name = $2")
+                .bind(repo_id)
+                .bind(&name)
+                .execute(&mut *tx)
+                .await?;
+            record_tag_event(
+                &mut tx,
+                repo_id,
+                &name,
+                Some(&digest),
+                None,
+                None,
+                "expired",
+            )
+            .await?;
+            let repo = RepoName::parse(&repo)
+                .map_err(|e| StorageError::Corrupt(format!("stored repository {repo:?}: {e}")))?;
+            expired.push((repo, name));
+        }
+        tx.commit().await?;
+        Ok(expired)
+    }
+
+    async fn tag_target(&self, repo: &RepoName, tag: &Tag) -> Result<Option<Digest>, StorageError> {
+        let d: Option<String> = sqlx::query_scalar(
+            "SELECT t.manifest_digest FROM tags t JOIN repositories r ON r.id = t.repository_id
+              WHERE r.name = $1 AND t.name = $2 AND (t.expires_at IS NULL OR t.expires_at > $3)",
+        )
+        .bind(repo.as_str())
+        .bind(tag.as_str())
+        .bind(now_millis())
+        .fetch_optional(&self.reader)
+        .await?;
+        d.as_deref().map(parse_digest).transpose()
     }
 
     async fn list_tags(
@@ -587,11 +999,13 @@ impl MetadataStore for SqlMetadataStore {
             return Ok(None);
         };
         let mut items: Vec<String> = sqlx::query_scalar(
-            "SELECT name FROM tags WHERE repository_id = $1 AND name > $2 ORDER BY name LIMIT $3",
+            "SELECT name FROM tags WHERE repository_id = $1 AND name > $2
+               AND (expires_at IS NULL OR expires_at > $4) ORDER BY name LIMIT $3",
         )
         .bind(repo_id)
         .bind(last.unwrap_or(""))
         .bind(i64::from(limit) + 1)
+        .bind(now_millis())
         .fetch_all(&self.reader)
         .await?;
         let more = items.len() > limit as usize;
@@ -625,7 +1039,8 @@ impl MetadataStore for SqlMetadataStore {
         let rows = sqlx::query(
             "SELECT m.digest, m.media_type, m.artifact_type, m.size, m.annotations FROM manifests m
                JOIN repositories r ON r.id = m.repository_id
-              WHERE r.name = $1 AND m.subject = $2 AND (CAST($3 AS TEXT) IS NULL OR m.artifact_type = $4)
+              WHERE r.name = $1 AND m.subject = $2 AND m.deleted_at IS NULL
+                AND (CAST($3 AS TEXT) IS NULL OR m.artifact_type = $4)
               ORDER BY m.created_at, m.digest",
         )
         .bind(repo.as_str())
@@ -701,36 +1116,57 @@ impl MetadataStore for SqlMetadataStore {
         &self,
         repo: &RepoName,
         artifact_type: &str,
+        deleted: bool,
     ) -> Result<Option<Vec<VersionRow>>, StorageError> {
         let Some(repo_id) = repo_id(&self.reader, repo).await? else {
             return Ok(None);
         };
-        let rows = sqlx::query(
-            &format!("SELECT m.digest, m.created_at, m.annotations,
-                    (SELECT {} FROM tags t
-                      WHERE t.repository_id = m.repository_id AND t.manifest_digest = m.digest) AS tags
+        let sql = if deleted {
+            "SELECT m.digest, m.created_at, m.annotations, CAST(NULL AS TEXT) AS tags, m.deleted_tags,
+                    m.deleted_at, m.deleted_by
                FROM manifests m
-              WHERE m.repository_id = $1 AND m.artifact_type = $2
-              ORDER BY m.created_at DESC, m.digest", self.dialect.string_agg()),
-        )
-        .bind(repo_id)
-        .bind(artifact_type)
-        .fetch_all(&self.reader)
-        .await?;
+              WHERE m.repository_id = $1 AND m.artifact_type = $2 AND m.deleted_at IS NOT NULL
+              ORDER BY m.deleted_at DESC, m.digest"
+                .to_owned()
+        } else {
+            format!(
+                "SELECT m.digest, m.created_at, m.annotations,
+                    (SELECT {} FROM tags t
+                      WHERE t.repository_id = m.repository_id AND t.manifest_digest = m.digest
+                        AND (t.expires_at IS NULL OR t.expires_at > $3)) AS tags,
+                    CAST(NULL AS TEXT) AS deleted_tags, CAST(NULL AS BIGINT) AS deleted_at,
+                    CAST(NULL AS TEXT) AS deleted_by
+               FROM manifests m
+              WHERE m.repository_id = $1 AND m.artifact_type = $2 AND m.deleted_at IS NULL
+              ORDER BY m.created_at DESC, m.digest",
+                self.dialect.string_agg()
+            )
+        };
+        let mut query = sqlx::query(&sql).bind(repo_id).bind(artifact_type);
+        if !deleted {
+            query = query.bind(now_millis());
+        }
+        let rows = query.fetch_all(&self.reader).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             let digest: String = row.try_get("digest")?;
             let annotations: Option<String> = row.try_get("annotations")?;
             let tags: Option<String> = row.try_get("tags")?;
-            let mut tags: Vec<String> = tags
-                .map(|t| t.split(' ').map(str::to_owned).collect())
-                .unwrap_or_default();
+            let deleted_tags: Option<String> = row.try_get("deleted_tags")?;
+            let mut tags: Vec<String> = match deleted_tags {
+                Some(json) => serde_json::from_str(&json).unwrap_or_default(),
+                None => tags
+                    .map(|t| t.split(' ').map(str::to_owned).collect())
+                    .unwrap_or_default(),
+            };
             tags.sort();
             out.push(VersionRow {
                 digest: parse_digest(&digest)?,
                 created_at: row.try_get("created_at")?,
                 annotations: annotations.and_then(|a| serde_json::from_str(&a).ok()),
                 tags,
+                deleted_at: row.try_get("deleted_at")?,
+                deleted_by: row.try_get("deleted_by")?,
             });
         }
         Ok(Some(out))
@@ -981,7 +1417,7 @@ async fn missing(
         Held::Blob => {
             "SELECT digest FROM repository_blobs WHERE repository_id = $1 AND digest = $2"
         }
-        Held::Manifest => "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2",
+        Held::Manifest => "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2 AND deleted_at IS NULL",
     };
     let mut out = Vec::new();
     for digest in dedup(digests) {

@@ -1,0 +1,33 @@
+-- Soft delete: a deleted manifest stays, hidden, for the retention window, with the tags that
+-- pointed at it remembered so a restore can put them back. The janitor removes it for good after.
+ALTER TABLE manifests ADD COLUMN deleted_at INTEGER;
+ALTER TABLE manifests ADD COLUMN deleted_tags TEXT;
+ALTER TABLE manifests ADD COLUMN deleted_by TEXT;
+CREATE INDEX manifests_deleted ON manifests (deleted_at) WHERE deleted_at IS NOT NULL;
+
+-- Nodes that have a version mounted say so, for a while they keep renewing, so that deleting it
+-- warns first.
+CREATE TABLE leases (
+    repository  TEXT NOT NULL,
+    digest      TEXT NOT NULL,
+    holder      TEXT NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (repository, digest, holder)
+);
+
+-- Every tag move: from which digest to which (NULL when the tag was created or removed), when, by
+-- whom and why (push, delete, version-deleted, restore, expired).
+CREATE TABLE tag_events (
+    repository_id  INTEGER NOT NULL REFERENCES repositories(id),
+    tag            TEXT NOT NULL,
+    from_digest    TEXT,
+    to_digest      TEXT,
+    at             INTEGER NOT NULL,
+    actor          TEXT,
+    reason         TEXT NOT NULL
+);
+CREATE INDEX tag_events_by_tag ON tag_events (repository_id, tag, at);
+
+-- A tag may expire: after expires_at it no longer resolves and the janitor removes it.
+ALTER TABLE tags ADD COLUMN expires_at INTEGER;
+CREATE INDEX tags_expiring ON tags (expires_at) WHERE expires_at IS NOT NULL;
