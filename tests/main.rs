@@ -16,6 +16,7 @@ mod conformance;
 mod copy;
 mod crash;
 mod docker_registry;
+mod gc;
 mod lifecycle;
 mod mount;
 mod oras;

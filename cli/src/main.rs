@@ -3,6 +3,7 @@
 
 mod common;
 mod copy;
+mod gc;
 mod info;
 mod lifecycle;
 mod login;
@@ -64,6 +65,8 @@ enum Command {
     Rm(lifecycle::RmArgs),
     /// Bring back a deleted version, optionally with its tags.
     Restore(lifecycle::RestoreArgs),
+    /// Ask a vial registry for a garbage collection pass now (administrators).
+    Gc(gc::GcArgs),
     /// Save credentials for a registry in the Docker config file.
     Login(login::LoginArgs),
     /// Mount a version read-only, lazily: files appear at once, bytes stream in as they are read.
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
         Command::Diff(args) => info::run_diff(args),
         Command::Rm(args) => lifecycle::run_rm(args),
         Command::Restore(args) => lifecycle::run_restore(args),
+        Command::Gc(args) => gc::run(args),
         Command::Login(args) => login::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Umount(args) => mount::run_umount(args),

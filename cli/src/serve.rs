@@ -94,6 +94,16 @@ pub struct ServeArgs {
     #[arg(long, env = "VIAL_RETENTION", value_parser = humantime::parse_duration)]
     retention: Option<Duration>,
 
+    /// How often garbage collection reclaims blobs nothing references, e.g. 1h; 0s turns the
+    /// schedule off (`vial gc` still runs a pass) [default: 1h].
+    #[arg(long, env = "VIAL_GC_INTERVAL", value_parser = humantime::parse_duration)]
+    gc_interval: Option<Duration>,
+
+    /// Blobs used this recently (uploaded, linked, or checked for by a push) are never collected
+    /// [default: 1h]. See docs/gc.md.
+    #[arg(long, env = "VIAL_GC_GRACE", value_parser = humantime::parse_duration)]
+    gc_grace: Option<Duration>,
+
     /// Another retention window for a namespace, e.g. `weights/prod=30d` (repeatable; the longest
     /// matching namespace wins).
     #[arg(long, value_name = "NAMESPACE=DURATION", value_parser = parse_namespace_retention)]
@@ -129,6 +139,10 @@ pub struct FileConfig {
     run_jobs: Option<bool>,
     #[serde(default, with = "humantime_serde_opt")]
     retention: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    gc_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    gc_grace: Option<Duration>,
     /// `[namespace-retention]`: namespace = "duration".
     namespace_retention: Option<std::collections::BTreeMap<String, String>>,
     /// `[[tag-rules]]`: tag protection.
@@ -211,6 +225,12 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
     config.run_jobs = args.run_jobs.or(file.run_jobs).unwrap_or(true);
     if let Some(r) = args.retention.or(file.retention) {
         config.retention = r;
+    }
+    if let Some(every) = args.gc_interval.or(file.gc_interval) {
+        config.gc_interval = every;
+    }
+    if let Some(grace) = args.gc_grace.or(file.gc_grace) {
+        config.gc_grace = grace;
     }
     for (ns, d) in file.namespace_retention.iter().flatten() {
         let d = humantime::parse_duration(d)

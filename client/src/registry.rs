@@ -872,6 +872,28 @@ impl Registry {
         Ok(out)
     }
 
+    /// Asks a vial registry for a garbage collection pass now (administrators only) and returns
+    /// its report as JSON.
+    pub async fn gc(&self, dry_run: bool) -> Result<serde_json::Value, ClientError> {
+        let url = self.url(&format!(
+            "/v2/_vial/gc{}",
+            if dry_run { "?dry-run=true" } else { "" }
+        ));
+        let r = self
+            .send("registry:catalog:*", "garbage collection", |c| c.post(&url))
+            .await?;
+        match r.status() {
+            StatusCode::OK => r.json().await.map_err(|e| self.transport(e)),
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
+                Err(ClientError::Invalid(format!(
+                    "{} does not offer garbage collection (not a vial registry?)",
+                    self.host()
+                )))
+            }
+            _ => Err(self.error(r, "garbage collection").await),
+        }
+    }
+
     /// Every move of a tag, oldest first (vial's tag history extension). `None` when the registry
     /// does not keep tag history.
     pub async fn tag_history(

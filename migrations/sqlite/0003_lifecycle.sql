@@ -31,3 +31,11 @@ CREATE INDEX tag_events_by_tag ON tag_events (repository_id, tag, at);
 -- A tag may expire: after expires_at it no longer resolves and the janitor removes it.
 ALTER TABLE tags ADD COLUMN expires_at INTEGER;
 CREATE INDEX tags_expiring ON tags (expires_at) WHERE expires_at IS NOT NULL;
+
+-- Garbage collection (docs/gc.md): a blob's last sign of life (upload, link, existence check),
+-- and the indexes that find blobs nothing references.
+ALTER TABLE blobs ADD COLUMN touched_at INTEGER;
+UPDATE blobs SET touched_at = created_at;
+CREATE INDEX blobs_by_touch ON blobs (touched_at);
+CREATE INDEX blobs_by_source ON blobs (source_digest) WHERE source_digest IS NOT NULL;
+CREATE INDEX manifest_references_by_target ON manifest_references (target_digest);

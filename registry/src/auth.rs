@@ -378,6 +378,12 @@ impl Auth {
         self.allowed(subject, "*", Action::Pull)
     }
 
+    /// Whether the rules let `subject` delete from every repository: what administration (a
+    /// garbage collection pass) needs.
+    pub fn may_delete_everything(&self, subject: &str) -> bool {
+        self.allowed(subject, "*", Action::Delete)
+    }
+
     fn challenge_header(&self, need: &Need, realm: &str, error: Option<&str>) -> String {
         let realm = self.settings.realm.as_deref().unwrap_or(realm);
         let mut h = format!(

@@ -157,6 +157,11 @@ pub struct Config {
     pub namespace_retention: Vec<(String, Duration)>,
     /// Protection rules for tags.
     pub tag_rules: Vec<TagRule>,
+    /// How often garbage collection runs; zero turns the schedule off (`vial gc` still works).
+    pub gc_interval: Duration,
+    /// Blobs used (uploaded, linked, checked for) this recently are never collected, so a push
+    /// in flight keeps what it relies on (docs/gc.md).
+    pub gc_grace: Duration,
 }
 
 /// How some tags of a namespace may move. Every rule that matches a tag applies.
@@ -225,6 +230,8 @@ impl Config {
             retention: DEFAULT_RETENTION,
             namespace_retention: Vec::new(),
             tag_rules: Vec::new(),
+            gc_interval: Duration::from_secs(3600),
+            gc_grace: Duration::from_secs(3600),
         }
     }
 }

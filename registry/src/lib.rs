@@ -9,6 +9,7 @@ mod api;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod gc;
 mod jobs;
 mod listener;
 mod metrics;
@@ -39,6 +40,9 @@ pub struct AppState {
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) auth: Option<auth::Auth>,
     pub(crate) jobs: jobs::JobQueue,
+    /// Garbage collection passes in this process take turns.
+    pub(crate) gc_turn: tokio::sync::Mutex<()>,
+    pub(crate) gc_metrics: gc::GcMetrics,
 }
 
 /// Opens the backends named by the configuration. This is the one place that picks implementations.
@@ -78,6 +82,8 @@ pub fn app(
         metrics: Arc::new(metrics::Metrics::default()),
         auth,
         jobs: jobs::JobQueue::default(),
+        gc_turn: tokio::sync::Mutex::new(()),
+        gc_metrics: gc::GcMetrics::default(),
     });
     let router = Router::new()
         .route("/token", get(api::token).post(api::token))
@@ -107,6 +113,8 @@ pub async fn serve(
         }
     });
     let janitor = tokio::spawn(janitor(Arc::clone(&state)));
+    let collector = (!state.config.gc_interval.is_zero())
+        .then(|| tokio::spawn(gc::schedule(Arc::clone(&state))));
     // The job runner stops taking work as soon as shutdown begins and hands back the job it holds.
     let (stop_jobs, stopped) = tokio::sync::watch::channel(false);
     let runner = state
@@ -138,6 +146,9 @@ pub async fn serve(
     }
     .map_err(ServeError::Listen);
     janitor.abort();
+    if let Some(collector) = collector {
+        collector.abort();
+    }
     if let Some(runner) = runner {
         if tokio::time::timeout(std::time::Duration::from_secs(10), runner)
             .await
@@ -201,6 +212,7 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
         state.auth.is_some(),
         state.config.tls.is_some()
     ));
+    state.gc_metrics.render(&mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -228,17 +240,19 @@ async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// Removes for good the deleted manifests whose repository's retention window has passed.
-async fn purge_deleted(state: &AppState) {
+/// Removes for good the deleted manifests whose repository's retention window has passed, and
+/// says how many.
+pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
     let now = storage::now_millis();
     let cutoff = now - state.config.shortest_retention().as_millis() as i64;
     let expired = match state.meta.deleted_before(cutoff, 1000).await {
         Ok(rows) => rows,
         Err(e) => {
             tracing::warn!(error = %error::error_chain(&e), "janitor could not list deleted manifests");
-            return;
+            return 0;
         }
     };
+    let mut purged = 0;
     for (repo, digest, deleted_at) in expired {
         let retention = state.config.retention_for(repo.as_str());
         if deleted_at + retention.as_millis() as i64 > now {
@@ -246,6 +260,7 @@ async fn purge_deleted(state: &AppState) {
         }
         match state.meta.purge_manifest(&repo, &digest).await {
             Ok(true) => {
+                purged += 1;
                 tracing::info!(%repo, %digest, retention = %humantime::format_duration(retention), "deleted manifest removed for good after its retention window")
             }
             Ok(false) => {}
@@ -254,6 +269,7 @@ async fn purge_deleted(state: &AppState) {
             }
         }
     }
+    purged
 }
 
 /// Discards upload sessions that nobody has touched for the configured time, with their data.

@@ -14,6 +14,8 @@ pub enum Endpoint {
     Base,
     /// `/v2/_catalog`
     Catalog,
+    /// `/v2/_vial/gc`: a garbage collection pass now (extension, administrators only).
+    Gc,
     /// `/v2/<name>/manifests/<reference>`
     Manifest(RepoName, Target),
     /// `/v2/<name>/blobs/<digest>`
@@ -46,6 +48,7 @@ impl Endpoint {
         match self {
             Endpoint::Base => "base",
             Endpoint::Catalog => "catalog",
+            Endpoint::Gc => "vial_gc",
             Endpoint::Manifest(..) => "manifest",
             Endpoint::Blob(..) => "blob",
             Endpoint::UploadStart(..) => "upload_start",
@@ -71,6 +74,9 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
     let rest = rest.strip_prefix('/')?;
     if rest == "_catalog" {
         return Some(Ok(Endpoint::Catalog));
+    }
+    if rest == "_vial/gc" {
+        return Some(Ok(Endpoint::Gc));
     }
     let segments: Vec<&str> = rest.split('/').collect();
     let parsed = match segments.as_slice() {

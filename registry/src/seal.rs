@@ -173,7 +173,15 @@ async fn put_blob(
     if state.blobs.stat(digest).await?.is_none() {
         state.blobs.put(digest, Bytes::from(bytes)).await?;
     }
-    state.meta.commit_blob(repo, digest, size).await
+    state
+        .meta
+        .commit_blob(
+            repo,
+            digest,
+            size,
+            crate::storage::stored_check(&state.blobs, digest),
+        )
+        .await
 }
 
 async fn commit(

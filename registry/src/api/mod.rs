@@ -151,6 +151,7 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
     match endpoint {
         Endpoint::Base => Need::SignedIn,
         Endpoint::Catalog => Need::Catalog,
+        Endpoint::Gc => Need::SignedIn,
         Endpoint::Manifest(r, _) | Endpoint::Blob(r, _) if *method == Method::DELETE => {
             repo(r, Action::Delete)
         }
@@ -299,6 +300,19 @@ async fn handle(
     match (endpoint, req.method.clone()) {
         (Endpoint::Base, Method::GET | Method::HEAD) => Ok(StatusCode::OK.into_response()),
         (Endpoint::Catalog, Method::GET) => listing::catalog(state, &req).await,
+        (Endpoint::Gc, Method::POST) => {
+            if let (Some(auth), Some(subject)) = (&state.auth, &req.subject) {
+                if !auth.may_delete_everything(subject) {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        ErrorCode::Denied,
+                        format!("{subject} may not run garbage collection: it needs delete on every repository"),
+                    ));
+                }
+            }
+            let dry_run = matches!(req.query.get("dry-run"), Some("true" | "1"));
+            vial::gc(state, dry_run).await
+        }
         (Endpoint::TagsList(repo), Method::GET) => listing::tags(state, &repo, &req).await,
         (Endpoint::Referrers(repo, digest), Method::GET) => {
             listing::referrers(state, &repo, &digest, &req).await

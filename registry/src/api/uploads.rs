@@ -132,7 +132,15 @@ async fn link_stored(
     digest: &Digest,
     size: u64,
 ) -> Result<Response, ApiError> {
-    state.meta.commit_blob(repo, digest, size).await?;
+    state
+        .meta
+        .commit_blob(
+            repo,
+            digest,
+            size,
+            crate::storage::stored_check(&state.blobs, digest),
+        )
+        .await?;
     tracing::info!(%repo, %digest, size, "blob committed");
     Ok(created_blob(repo, digest))
 }

@@ -413,3 +413,13 @@ pub(super) async fn tag_history(
     set_header(&mut r, "content-type", "application/json");
     Ok(r)
 }
+
+/// `POST /v2/_vial/gc[?dry-run=true]`: a garbage collection pass now; answers what it reclaimed
+/// (or, dry, what it would).
+pub(super) async fn gc(state: &AppState, dry_run: bool) -> Result<Response, ApiError> {
+    let report = crate::gc::collect(state, dry_run).await?;
+    let body = serde_json::to_vec(&report).unwrap_or_default();
+    let mut r = (StatusCode::OK, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    Ok(r)
+}

@@ -39,6 +39,14 @@ pub struct TagEvent {
     pub reason: String,
 }
 
+/// Asks the blob store whether a blob's bytes are there.
+pub type StoredCheck =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, StorageError>> + Send>>;
+
+/// Deletes a blob's bytes from the blob store.
+pub type BytesDeletion =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StorageError>> + Send>>;
+
 /// A condition on where a tag points before a manifest push moves it (HTTP `If-Match` /
 /// `If-None-Match: *` on the manifest PUT), for compare-and-swap tag moves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,13 +229,35 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         digest: &Digest,
     ) -> Result<Option<u64>, StorageError>;
 
-    /// Records a verified blob and links it to `repo`.
+    /// Records a verified blob the blob store holds and links it to `repo`. `stored` is asked,
+    /// while the blob's row is held, whether the bytes are still there: a garbage collection that
+    /// removed them between their upload and this call makes it fail rather than record a blob
+    /// without bytes (docs/gc.md).
     async fn commit_blob(
         &self,
         repo: &RepoName,
         digest: &Digest,
         size: u64,
+        stored: StoredCheck,
     ) -> Result<(), StorageError>;
+
+    /// Blobs nothing references (no manifest, live or deleted, and no range chunk) and nobody has
+    /// touched since `touched_before`: collection candidates, with their sizes and whether they
+    /// have bytes of their own (range chunks do not).
+    async fn unreferenced_blobs(
+        &self,
+        touched_before: i64,
+        limit: u32,
+    ) -> Result<Vec<(Digest, u64, bool)>, StorageError>;
+
+    /// Removes one blob if it is still a candidate once its row is locked: `delete_bytes` runs
+    /// under that lock, before the row goes. Returns its size if it was removed.
+    async fn collect_blob(
+        &self,
+        digest: &Digest,
+        touched_before: i64,
+        delete_bytes: &(dyn Fn(Digest) -> BytesDeletion + Send + Sync),
+    ) -> Result<Option<u64>, StorageError>;
 
     /// Links a blob held by `from` to `to` (cross-repository mount). Returns its size, or `None` when
     /// `from` does not hold it.

@@ -14,9 +14,9 @@ mod sql;
 pub use blob::{BlobStore, ByteRange, ByteStream, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
-    BlobLocation, CommitManifestError, Job, JobOutcome, JobState, Lease, ManifestRecord,
-    MetadataStore, Page, RangeChunk, Restored, StoredManifest, TagEvent, TagPrecondition,
-    UploadSession, VersionRow,
+    BlobLocation, BytesDeletion, CommitManifestError, Job, JobOutcome, JobState, Lease,
+    ManifestRecord, MetadataStore, Page, RangeChunk, Restored, StoredCheck, StoredManifest,
+    TagEvent, TagPrecondition, UploadSession, VersionRow,
 };
 pub use s3::S3BlobStore;
 pub use sql::{Dialect, SqlMetadataStore};
@@ -80,6 +80,15 @@ impl StorageError {
             _ => false,
         }
     }
+}
+
+/// The check [`MetadataStore::commit_blob`] runs while it holds the blob's row.
+pub fn stored_check(
+    blobs: &std::sync::Arc<dyn BlobStore>,
+    digest: &vial_core::Digest,
+) -> StoredCheck {
+    let (blobs, digest) = (std::sync::Arc::clone(blobs), digest.clone());
+    Box::pin(async move { Ok(blobs.stat(&digest).await?.is_some()) })
 }
 
 /// Current time as Unix milliseconds, the timestamp format of every metadata table.

@@ -17,9 +17,9 @@ use vial_core::manifest::Descriptor;
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use super::metadata::{
-    BlobLocation, CommitManifestError, Job, JobOutcome, JobState, Lease, ManifestRecord,
-    MetadataStore, Page, RangeChunk, Restored, StoredManifest, TagEvent, TagPrecondition,
-    UploadSession, VersionRow,
+    BlobLocation, BytesDeletion, CommitManifestError, Job, JobOutcome, JobState, Lease,
+    ManifestRecord, MetadataStore, Page, RangeChunk, Restored, StoredCheck, StoredManifest,
+    TagEvent, TagPrecondition, UploadSession, VersionRow,
 };
 use super::{now_millis, StorageError};
 
@@ -64,6 +64,13 @@ const BLOB_SIZE_IN_REPO: &str = "SELECT b.size FROM repository_blobs rb
        JOIN repositories r ON r.id = rb.repository_id
        JOIN blobs b ON b.digest = rb.digest
       WHERE r.name = $1 AND rb.digest = $2";
+
+/// A blob row `b` that no manifest references (`$2` = false, the `is_manifest` of blob
+/// references), that no range chunk lives in, and that nobody touched since `$1`.
+const UNREFERENCED: &str = "b.touched_at < $1
+    AND NOT EXISTS (SELECT 1 FROM manifest_references r
+                     WHERE r.target_digest = b.digest AND r.is_manifest = $2)
+    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)";
 
 /// Links blob `$2` into repository id `$1` at time `$3`; linking twice is a no-op.
 const LINK_BLOB: &str = "INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
@@ -239,6 +246,16 @@ async fn repo_id_for_write(
         .await
 }
 
+/// Marks a blob as just used, so collections within the grace period leave it alone.
+async fn touch(tx: &mut Transaction<'_, Any>, digest: &Digest) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE blobs SET touched_at = $1 WHERE digest = $2")
+        .bind(now_millis())
+        .bind(digest.as_str())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 async fn record_tag_event(
     tx: &mut Transaction<'_, Any>,
     repo_id: i64,
@@ -338,25 +355,104 @@ impl MetadataStore for SqlMetadataStore {
         repo: &RepoName,
         digest: &Digest,
         size: u64,
+        stored: StoredCheck,
     ) -> Result<(), StorageError> {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
-        // Bytes uploaded whole replace a range of another blob as the chunk's home.
-        sqlx::query("INSERT INTO blobs (digest, size, created_at) VALUES ($1, $2, $3) ON CONFLICT (digest) DO UPDATE SET source_digest = NULL, source_offset = NULL")
-            .bind(digest.as_str())
-            .bind(size as i64)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        // Bytes uploaded whole replace a range of another blob as the chunk's home. The upsert
+        // holds the row (PostgreSQL) or the database (SQLite) until commit, so a collection of
+        // this blob either finished before (and the check below sees its bytes gone) or waits.
+        sqlx::query(
+            "INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, $2, $3, $3)
+             ON CONFLICT (digest) DO UPDATE
+                SET source_digest = NULL, source_offset = NULL, touched_at = excluded.touched_at",
+        )
+        .bind(digest.as_str())
+        .bind(size as i64)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(LINK_BLOB)
             .bind(repo_id)
             .bind(digest.as_str())
             .bind(now)
             .execute(&mut *tx)
             .await?;
+        if !stored.await? {
+            return Err(StorageError::Corrupt(format!(
+                "the bytes of {digest} vanished before it was recorded (a garbage collection removed them at the same moment); upload it again"
+            )));
+        }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn unreferenced_blobs(
+        &self,
+        touched_before: i64,
+        limit: u32,
+    ) -> Result<Vec<(Digest, u64, bool)>, StorageError> {
+        let rows = sqlx::query(&format!(
+            "SELECT b.digest, b.size, b.source_digest FROM blobs b WHERE {UNREFERENCED}
+              ORDER BY b.touched_at LIMIT $3"
+        ))
+        .bind(touched_before)
+        .bind(false)
+        .bind(i64::from(limit))
+        .fetch_all(&self.writer)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let digest: String = row.try_get("digest")?;
+                let size: i64 = row.try_get("size")?;
+                let source: Option<String> = row.try_get("source_digest")?;
+                Ok((parse_digest(&digest)?, size as u64, source.is_none()))
+            })
+            .collect()
+    }
+
+    async fn collect_blob(
+        &self,
+        digest: &Digest,
+        touched_before: i64,
+        delete_bytes: &(dyn Fn(Digest) -> BytesDeletion + Send + Sync),
+    ) -> Result<Option<u64>, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        if self.dialect == Dialect::Postgres {
+            // Waits for manifest commits that hold this blob (FOR SHARE) and holds off new ones.
+            sqlx::query("SELECT digest FROM blobs WHERE digest = $1 FOR UPDATE")
+                .bind(digest.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Checked again now that the row is held: a new statement sees every commit so far.
+        let row = sqlx::query(&format!(
+            "SELECT b.size, b.source_digest FROM blobs b WHERE b.digest = $3 AND {UNREFERENCED}"
+        ))
+        .bind(touched_before)
+        .bind(false)
+        .bind(digest.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let size: i64 = row.try_get("size")?;
+        let source: Option<String> = row.try_get("source_digest")?;
+        if source.is_none() {
+            delete_bytes(digest.clone()).await?;
+        }
+        sqlx::query("DELETE FROM repository_blobs WHERE digest = $1")
+            .bind(digest.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM blobs WHERE digest = $1")
+            .bind(digest.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(size as u64))
     }
 
     async fn mount_blob(
@@ -366,7 +462,12 @@ impl MetadataStore for SqlMetadataStore {
         digest: &Digest,
     ) -> Result<Option<u64>, StorageError> {
         let mut tx = self.writer.begin().await?;
-        let size: Option<i64> = sqlx::query_scalar(BLOB_SIZE_IN_REPO)
+        // Held until the link commits, so a collection cannot remove the blob in between.
+        let held = match self.dialect {
+            Dialect::Postgres => format!("{BLOB_SIZE_IN_REPO} FOR SHARE OF b"),
+            Dialect::Sqlite => BLOB_SIZE_IN_REPO.to_owned(),
+        };
+        let size: Option<i64> = sqlx::query_scalar(&held)
             .bind(from.as_str())
             .bind(digest.as_str())
             .fetch_optional(&mut *tx)
@@ -381,6 +482,7 @@ impl MetadataStore for SqlMetadataStore {
             .bind(now_millis())
             .execute(&mut *tx)
             .await?;
+        touch(&mut tx, digest).await?;
         tx.commit().await?;
         Ok(Some(size as u64))
     }
@@ -465,12 +567,19 @@ impl MetadataStore for SqlMetadataStore {
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
 
-        let missing_blobs = missing(&mut tx, Held::Blob, repo_id, &manifest.blobs).await?;
+        let missing_blobs =
+            missing(&mut tx, Held::Blob, repo_id, &manifest.blobs, self.dialect).await?;
         if !missing_blobs.is_empty() {
             return Err(CommitManifestError::MissingBlobs(missing_blobs));
         }
-        let missing_manifests =
-            missing(&mut tx, Held::Manifest, repo_id, &manifest.children).await?;
+        let missing_manifests = missing(
+            &mut tx,
+            Held::Manifest,
+            repo_id,
+            &manifest.children,
+            self.dialect,
+        )
+        .await?;
         if !missing_manifests.is_empty() {
             return Err(CommitManifestError::MissingManifests(missing_manifests));
         }
@@ -793,17 +902,70 @@ impl MetadataStore for SqlMetadataStore {
     }
 
     async fn purge_manifest(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        let Some(repo_id) = repo_id_in(&mut tx, repo).await? else {
+            return Ok(false);
+        };
+        let children: Vec<String> = sqlx::query_scalar(
+            "SELECT target_digest FROM manifest_references
+              WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
+        )
+        .bind(repo_id)
+        .bind(digest.as_str())
+        .bind(true)
+        .fetch_all(&mut *tx)
+        .await?;
         // Tags and reference rows go with it through ON DELETE CASCADE.
         let done = sqlx::query(
-            "DELETE FROM manifests
-              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1)
-                AND digest = $2 AND deleted_at IS NOT NULL",
+            "DELETE FROM manifests WHERE repository_id = $1 AND digest = $2 AND deleted_at IS NOT NULL",
         )
-        .bind(repo.as_str())
+        .bind(repo_id)
         .bind(digest.as_str())
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() > 0)
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        // Its children (a volume's tree and part manifests) go too, unless another manifest
+        // still lists them or a tag names them; their children in turn.
+        let mut queue = children;
+        while let Some(child) = queue.pop() {
+            if self.dialect == Dialect::Postgres {
+                // Holds off a concurrent push that relies on this child (it takes FOR SHARE).
+                sqlx::query(
+                    "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2 FOR UPDATE",
+                )
+                .bind(repo_id)
+                .bind(&child)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let grandchildren: Vec<String> = sqlx::query_scalar(
+                "SELECT target_digest FROM manifest_references
+                  WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
+            )
+            .bind(repo_id)
+            .bind(&child)
+            .bind(true)
+            .fetch_all(&mut *tx)
+            .await?;
+            let gone = sqlx::query(
+                "DELETE FROM manifests WHERE repository_id = $1 AND digest = $2
+                   AND NOT EXISTS (SELECT 1 FROM manifest_references r
+                                    WHERE r.repository_id = $1 AND r.target_digest = $2 AND r.is_manifest = $3)
+                   AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.repository_id = $1 AND t.manifest_digest = $2)",
+            )
+            .bind(repo_id)
+            .bind(&child)
+            .bind(true)
+            .execute(&mut *tx)
+            .await?;
+            if gone.rows_affected() > 0 {
+                queue.extend(grandchildren);
+            }
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     async fn put_lease(
@@ -1086,6 +1248,15 @@ impl MetadataStore for SqlMetadataStore {
                     present.push(digest.clone());
                 }
             }
+            // A client that learns a blob is here will reference it soon: keep it out of the
+            // next collection's reach for the grace period.
+            if !present.is_empty() {
+                let mut tx = self.writer.begin().await?;
+                for digest in &present {
+                    touch(&mut tx, digest).await?;
+                }
+                tx.commit().await?;
+            }
             return Ok(present);
         }
         let now = now_millis();
@@ -1093,11 +1264,14 @@ impl MetadataStore for SqlMetadataStore {
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
         let mut present = Vec::new();
         for digest in digests {
-            let known: Option<String> =
-                sqlx::query_scalar("SELECT digest FROM blobs WHERE digest = $1")
-                    .bind(digest.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            // Held until the links commit, so a collection cannot remove the blob in between.
+            let known: Option<String> = sqlx::query_scalar(match self.dialect {
+                Dialect::Postgres => "SELECT digest FROM blobs WHERE digest = $1 FOR SHARE",
+                Dialect::Sqlite => "SELECT digest FROM blobs WHERE digest = $1",
+            })
+            .bind(digest.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
             if known.is_some() {
                 sqlx::query(LINK_BLOB)
                     .bind(repo_id)
@@ -1105,6 +1279,7 @@ impl MetadataStore for SqlMetadataStore {
                     .bind(now)
                     .execute(&mut *tx)
                     .await?;
+                touch(&mut tx, digest).await?;
                 present.push(digest.clone());
             }
         }
@@ -1211,8 +1386,8 @@ impl MetadataStore for SqlMetadataStore {
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
         for c in chunks {
             sqlx::query(
-                "INSERT INTO blobs (digest, size, created_at, source_digest, source_offset)
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (digest) DO NOTHING",
+                "INSERT INTO blobs (digest, size, created_at, touched_at, source_digest, source_offset)
+                 VALUES ($1, $2, $3, $3, $4, $5) ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at",
             )
             .bind(c.digest.as_str())
             .bind(c.size as i64)
@@ -1412,12 +1587,21 @@ async fn missing(
     held: Held,
     repo_id: i64,
     digests: &[Digest],
+    dialect: Dialect,
 ) -> Result<Vec<Digest>, sqlx::Error> {
-    let query = match held {
-        Held::Blob => {
+    let query = match (held, dialect) {
+        // The blob rows stay held until the manifest commits, so a collection cannot remove a
+        // blob between this check and the commit (docs/gc.md). SQLite's single writer gives the
+        // same guarantee.
+        (Held::Blob, Dialect::Postgres) => {
+            "SELECT rb.digest FROM repository_blobs rb JOIN blobs b ON b.digest = rb.digest
+              WHERE rb.repository_id = $1 AND rb.digest = $2 FOR SHARE OF b"
+        }
+        (Held::Blob, Dialect::Sqlite) => {
             "SELECT digest FROM repository_blobs WHERE repository_id = $1 AND digest = $2"
         }
-        Held::Manifest => "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2 AND deleted_at IS NULL",
+        (Held::Manifest, Dialect::Postgres) => "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2 AND deleted_at IS NULL FOR SHARE",
+        (Held::Manifest, Dialect::Sqlite) => "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2 AND deleted_at IS NULL",
     };
     let mut out = Vec::new();
     for digest in dedup(digests) {

@@ -1,0 +1,211 @@
+//! Online garbage collection: a pass reclaims exactly the blobs nothing references, on every
+//! backend, and pushes racing passes never end with a version whose blobs are gone.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Output;
+
+use crate::support::oci::pseudo_random;
+use crate::support::vial::{push_json, vial, vial_ok};
+use crate::support::{backend, Server};
+
+const GC_NOW: [&str; 6] = [
+    "--retention",
+    "0s",
+    "--gc-grace",
+    "0s",
+    "--gc-interval",
+    "0s",
+];
+
+/// Every blob (digest → size) a version's manifests reference: the index's children's config
+/// and layers.
+fn version_blobs(server: &Server, repo: &str, digest: &str) -> HashMap<String, u64> {
+    let http = reqwest::blocking::Client::new();
+    let get = |d: &str| -> serde_json::Value {
+        http.get(format!("{}/v2/{repo}/manifests/{d}", server.url()))
+            .header("accept", "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json")
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let mut out = HashMap::new();
+    for child in get(digest)["manifests"].as_array().unwrap() {
+        let m = get(child["digest"].as_str().unwrap());
+        for d in std::iter::once(&m["config"]).chain(m["layers"].as_array().unwrap()) {
+            out.insert(
+                d["digest"].as_str().unwrap().to_owned(),
+                d["size"].as_u64().unwrap(),
+            );
+        }
+    }
+    out
+}
+
+fn write_files(dir: &Path, seeds: &[(&str, u64)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, seed) in seeds {
+        std::fs::write(dir.join(name), pseudo_random(1 << 20, *seed)).unwrap();
+    }
+}
+
+fn gc(home: &Path, server: &Server, dry_run: bool) -> serde_json::Value {
+    let mut args = vec!["gc", server.addr.as_str(), "--json"];
+    if dry_run {
+        args.push("--dry-run");
+    }
+    serde_json::from_str(&vial_ok(home, &args)).unwrap()
+}
+
+#[test]
+fn a_pass_reclaims_exactly_the_blobs_nothing_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = &dir.path().join("home");
+    let data = dir.path().join("data");
+    let server = Server::start_on(&data, &GC_NOW);
+    let volume = format!("{}/gc/m", server.addr);
+    write_files(&h.join("v1"), &[("a.bin", 1), ("b.bin", 2)]);
+    write_files(&h.join("v2"), &[("a.bin", 1), ("b.bin", 3)]);
+    let p1 = push_json(h, &h.join("v1"), &volume, &[])["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let p2 = push_json(h, &h.join("v2"), &volume, &["--tag", "v2"])["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let d1 = p1.rsplit_once('@').unwrap().1;
+    let d2 = p2.rsplit_once('@').unwrap().1;
+    let b1 = version_blobs(&server, "gc/m", d1);
+    let b2 = version_blobs(&server, "gc/m", d2);
+    let only_v1: HashMap<&String, &u64> = b1.iter().filter(|(d, _)| !b2.contains_key(*d)).collect();
+    assert!(
+        !only_v1.is_empty() && only_v1.len() < b1.len(),
+        "the versions share some blobs"
+    );
+
+    // Nothing is unreferenced yet: a pass reclaims nothing.
+    assert_eq!(gc(h, &server, true)["blobs"], 0);
+    assert_eq!(gc(h, &server, false)["blobs"], 0);
+
+    vial_ok(h, &["rm", &p1]);
+    let report = gc(h, &server, false);
+    assert_eq!(report["manifests_purged"], 1, "{report}");
+    assert_eq!(
+        report["blobs"].as_u64().unwrap(),
+        only_v1.len() as u64,
+        "{report}"
+    );
+    assert_eq!(
+        report["bytes"].as_u64().unwrap(),
+        only_v1.values().copied().sum::<u64>(),
+        "{report}"
+    );
+    assert_eq!(
+        gc(h, &server, true)["blobs"],
+        0,
+        "a second pass finds nothing left"
+    );
+
+    let http = reqwest::blocking::Client::new();
+    for d in only_v1.keys() {
+        let r = http
+            .get(format!("{}/v2/gc/m/blobs/{d}", server.url()))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 404, "{d} was reclaimed");
+        if !backend().1 {
+            let hex = d.strip_prefix("sha256:").unwrap();
+            assert!(
+                !data.join("blobs/sha256").join(&hex[..2]).join(hex).exists(),
+                "{d}'s file is gone"
+            );
+        }
+    }
+    let out = h.join("out");
+    vial_ok(h, &["pull", &format!("{volume}:v2"), out.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(out.join("b.bin")).unwrap(),
+        pseudo_random(1 << 20, 3)
+    );
+    let metrics = reqwest::blocking::get(format!("{}/metrics", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    let line = format!("vial_gc_reclaimed_bytes_total {}", report["bytes"]);
+    assert!(
+        metrics.contains(&line),
+        "metrics count reclaimed bytes: {metrics}"
+    );
+}
+
+#[test]
+fn pushes_racing_collections_never_leave_a_version_whose_blobs_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = &dir.path().join("home");
+    let server = Server::start_on(&dir.path().join("data"), &GC_NOW);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rand = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut committed, mut refused, mut reclaimed) = (0, 0, 0);
+    for i in 0..16u64 {
+        // A version whose chunks become unreferenced once it is deleted...
+        let src = h.join(format!("src-{i}"));
+        write_files(&src, &[("a.bin", 100 + i), ("b.bin", 200 + i)]);
+        let first = push_json(h, &src, &format!("{}/race/a", server.addr), &[])["reference"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        vial_ok(h, &["rm", &first]);
+        // ...pushed again elsewhere (the registry says it already holds the chunks) while a
+        // collection removes them.
+        let delay = rand() % 60;
+        let pusher = {
+            let (h, src, target) = (h.clone(), src.clone(), format!("{}/race/b{i}", server.addr));
+            std::thread::spawn(move || -> Output {
+                vial(&h, &["push", src.to_str().unwrap(), &target, "--json"])
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        reclaimed += gc(h, &server, false)["blobs"].as_u64().unwrap();
+        let out = pusher.join().unwrap();
+        if out.status.success() {
+            // A version that was committed must read back whole.
+            committed += 1;
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let pinned = report["reference"].as_str().unwrap();
+            let back = h.join(format!("back-{i}"));
+            let pull = vial(h, &["pull", pinned, back.to_str().unwrap()]);
+            assert!(
+                pull.status.success(),
+                "iteration {i}: {pinned} was committed but does not pull: {}",
+                String::from_utf8_lossy(&pull.stderr)
+            );
+            assert_eq!(
+                std::fs::read(back.join("b.bin")).unwrap(),
+                pseudo_random(1 << 20, 200 + i)
+            );
+        } else {
+            // The only acceptable failure: the registry refused a manifest whose blobs it no
+            // longer holds, or an upload whose bytes a pass removed under it.
+            refused += 1;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("MANIFEST_BLOB_UNKNOWN")
+                    || stderr.contains("BLOB_UNKNOWN")
+                    || stderr.contains("500"),
+                "iteration {i}: unexpected failure: {stderr}"
+            );
+        }
+    }
+    eprintln!("{committed} pushes committed, {refused} refused by a racing collection, {reclaimed} blobs reclaimed");
+    assert!(
+        reclaimed > 0,
+        "the collections must actually have removed blobs for the race to mean anything"
+    );
+}
