@@ -901,24 +901,33 @@ impl Registry {
         repo: &RepoName,
         tag: &vial_core::Tag,
     ) -> Result<Option<Vec<TagEventInfo>>, ClientError> {
+        #[derive(Deserialize)]
+        struct History {
+            history: Vec<TagEventInfo>,
+        }
         let url = self.url(&format!("/v2/{repo}/_vial/tags/{tag}/history"));
+        let h: Option<History> = self.get_extension(repo, &url, "tag history").await?;
+        Ok(h.map(|h| h.history))
+    }
+
+    /// GETs one of vial's per-repository extensions: `None` when the registry answers 404 for a
+    /// repository it knows (it lacks the extension), an error when the repository is unknown.
+    async fn get_extension<T: serde::de::DeserializeOwned>(
+        &self,
+        repo: &RepoName,
+        url: &str,
+        action: &str,
+    ) -> Result<Option<T>, ClientError> {
         let r = self
-            .send(&Self::scope(repo, false), "tag history", |c| c.get(&url))
+            .send(&Self::scope(repo, false), action, |c| c.get(url))
             .await?;
         match r.status() {
-            StatusCode::OK => {
-                #[derive(Deserialize)]
-                struct History {
-                    history: Vec<TagEventInfo>,
-                }
-                let h: History = r.json().await.map_err(|e| self.transport(e))?;
-                Ok(Some(h.history))
-            }
+            StatusCode::OK => Ok(Some(r.json().await.map_err(|e| self.transport(e))?)),
             StatusCode::NOT_FOUND => match self.error(r, &repo.to_string()).await {
                 e @ ClientError::RepositoryNotFound(_) => Err(e),
                 _ => Ok(None),
             },
-            _ => Err(self.error(r, "tag history").await),
+            _ => Err(self.error(r, action).await),
         }
     }
 
@@ -929,28 +938,16 @@ impl Registry {
         repo: &RepoName,
         deleted: bool,
     ) -> Result<Option<Vec<VersionInfo>>, ClientError> {
+        #[derive(Deserialize)]
+        struct Versions {
+            versions: Vec<VersionInfo>,
+        }
         let mut url = self.url(&format!("/v2/{repo}/_vial/versions"));
         if deleted {
             url.push_str("?deleted=true");
         }
-        let r = self
-            .send(&Self::scope(repo, false), "versions", |c| c.get(&url))
-            .await?;
-        match r.status() {
-            StatusCode::OK => {
-                #[derive(Deserialize)]
-                struct Versions {
-                    versions: Vec<VersionInfo>,
-                }
-                let v: Versions = r.json().await.map_err(|e| self.transport(e))?;
-                Ok(Some(v.versions))
-            }
-            StatusCode::NOT_FOUND => match self.error(r, &repo.to_string()).await {
-                e @ ClientError::RepositoryNotFound(_) => Err(e),
-                _ => Ok(None),
-            },
-            _ => Err(self.error(r, "versions").await),
-        }
+        let v: Option<Versions> = self.get_extension(repo, &url, "versions").await?;
+        Ok(v.map(|v| v.versions))
     }
 
     /// Where vial's seal of the artifact `digest` is (the `_vial/seal` extension). `start` asks

@@ -262,19 +262,8 @@ impl<R: std::io::Read> ReadAt for Sequential<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunking::tests::noise;
     use crate::chunking::DEFAULT_PARAMS;
-
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     struct Slice<'a>(&'a [u8]);
 

@@ -80,10 +80,11 @@ impl Cutter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
+    /// Deterministic pseudo-random bytes (xorshift), for chunking tests.
+    pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {
         let mut x = seed | 1;
         (0..len)
             .map(|_| {

@@ -45,6 +45,19 @@ pub struct AppState {
     pub(crate) gc_metrics: gc::GcMetrics,
 }
 
+impl AppState {
+    /// Records a blob whose verified bytes the blob store now holds and links it to `repo`.
+    pub(crate) async fn commit_stored_blob(
+        &self,
+        repo: &vial_core::RepoName,
+        digest: &vial_core::Digest,
+        size: u64,
+    ) -> Result<(), StorageError> {
+        let check = storage::stored_check(&self.blobs, digest);
+        self.meta.commit_blob(repo, digest, size, check).await
+    }
+}
+
 /// Opens the backends named by the configuration. This is the one place that picks implementations.
 pub async fn open_storage(
     config: &Config,

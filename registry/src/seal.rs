@@ -173,15 +173,7 @@ async fn put_blob(
     if state.blobs.stat(digest).await?.is_none() {
         state.blobs.put(digest, Bytes::from(bytes)).await?;
     }
-    state
-        .meta
-        .commit_blob(
-            repo,
-            digest,
-            size,
-            crate::storage::stored_check(&state.blobs, digest),
-        )
-        .await
+    state.commit_stored_blob(repo, digest, size).await
 }
 
 async fn commit(

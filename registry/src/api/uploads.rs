@@ -132,15 +132,7 @@ async fn link_stored(
     digest: &Digest,
     size: u64,
 ) -> Result<Response, ApiError> {
-    state
-        .meta
-        .commit_blob(
-            repo,
-            digest,
-            size,
-            crate::storage::stored_check(&state.blobs, digest),
-        )
-        .await?;
+    state.commit_stored_blob(repo, digest, size).await?;
     tracing::info!(%repo, %digest, size, "blob committed");
     Ok(created_blob(repo, digest))
 }
