@@ -295,14 +295,9 @@ pub async fn push(mut args: PushArgs) -> Result<()> {
         pushers::oras_import_seconds(&args.python).await,
     );
 
-    // Seals of the ORAS pushes are timed on their own below, not left to run in the background
-    // while the next client is being timed.
-    let server = servers::start_vial_with(
-        &args.vial,
-        &work.path.join("registry"),
-        &["--seal-on-push".into(), "false".into()],
-        &[],
-    )?;
+    // Seals of the ORAS pushes are timed on their own below (every bench server runs without
+    // seal-on-push), not left to run in the background while the next client is being timed.
+    let server = servers::start_vial(&args.vial, &work.path.join("registry"))?;
     let cache = work.path.join("cache");
     let cache_after_base = work.path.join("cache-after-base");
     let logs = work.path.join("logs");

@@ -317,6 +317,9 @@ async fn janitor(state: Arc<AppState>) {
             }
         }
         purge_deleted(&state).await;
+        if let Err(e) = state.meta.drop_expired_leases(storage::now_millis()).await {
+            tracing::warn!(error = %error::error_chain(&e), "janitor could not drop expired leases");
+        }
         match state.meta.expire_tags(storage::now_millis()).await {
             Ok(expired) => {
                 for (repo, tag) in expired {

@@ -13,6 +13,9 @@ use vial_core::{Digest, RepoName};
 const TTL: Duration = Duration::from_secs(180);
 /// How often it is renewed: well inside the TTL, so one failed renewal does not lapse it.
 const RENEW_EVERY: Duration = Duration::from_secs(60);
+/// The first lease waits this long after the mount is ready: a registry write in the moment a
+/// model starts reading its first tensors only competes with those reads.
+const FIRST_AFTER: Duration = Duration::from_secs(2);
 
 /// Keeps a lease renewed until [`LeaseKeeper::release`].
 #[derive(Debug)]
@@ -49,6 +52,7 @@ impl LeaseKeeper {
                 holder.clone(),
             );
             runtime.spawn(async move {
+                tokio::time::sleep(FIRST_AFTER).await;
                 loop {
                     match registry.lease(&repo, &digest, &holder, Some(TTL)).await {
                         Ok(true) => {}

@@ -370,6 +370,9 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         holder: &str,
     ) -> Result<bool, StorageError>;
 
+    /// Removes leases that expired before `before` (nodes that died holding them).
+    async fn drop_expired_leases(&self, before: i64) -> Result<u64, StorageError>;
+
     /// Leases on a version that have not expired by `now`.
     async fn leases(
         &self,

@@ -985,11 +985,6 @@ impl MetadataStore for SqlMetadataStore {
         .bind(expires_at)
         .execute(&self.writer)
         .await?;
-        // Expired leases of anyone are of no use to anyone.
-        sqlx::query("DELETE FROM leases WHERE expires_at < $1")
-            .bind(now_millis() - 24 * 3600 * 1000)
-            .execute(&self.writer)
-            .await?;
         Ok(())
     }
 
@@ -1007,6 +1002,14 @@ impl MetadataStore for SqlMetadataStore {
                 .execute(&self.writer)
                 .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn drop_expired_leases(&self, before: i64) -> Result<u64, StorageError> {
+        let done = sqlx::query("DELETE FROM leases WHERE expires_at < $1")
+            .bind(before)
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn leases(
