@@ -319,6 +319,7 @@ fn tags_keep_their_history_obey_protection_rules_and_expire() {
     fails_with(h, &["tag", "set", &p2, "v1"], "immutable");
     vial_ok(h, &["tag", "set", &p1, "v1"]);
     fails_with(h, &["tag", "rm", &format!("{m}:v1")], "immutable");
+    fails_with(h, &["rm", &p1], "immutable");
     vial_ok(h, &["tag", "set", &p2, "latest"]);
 
     // A protected tag moves only with --expect.

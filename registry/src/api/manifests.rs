@@ -153,7 +153,21 @@ pub(super) async fn delete(
     by: Option<&str>,
 ) -> Result<Response, ApiError> {
     let existed = match target {
-        Target::Digest(d) => state.meta.delete_manifest(repo, d, by).await?,
+        Target::Digest(d) => {
+            // Deleting a version removes its tags: not if one of them may never move.
+            for tag in state.meta.manifest_tags(repo, d).await? {
+                if state
+                    .config
+                    .tag_rules_for(repo.as_str(), &tag)
+                    .any(|r| r.immutable)
+                {
+                    return Err(denied(format!(
+                        "{repo}@{d} carries the immutable tag {tag}: it cannot be deleted"
+                    )));
+                }
+            }
+            state.meta.delete_manifest(repo, d, by).await?
+        }
         Target::Tag(t) => {
             // Removing a tag is moving it to nowhere: the same rules apply.
             if state

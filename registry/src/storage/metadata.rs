@@ -399,6 +399,13 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// Removes tags whose expiry has passed by `now`, recording why. Returns (repository, tag).
     async fn expire_tags(&self, now: i64) -> Result<Vec<(RepoName, String)>, StorageError>;
 
+    /// The tags pointing at a manifest now.
+    async fn manifest_tags(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Vec<String>, StorageError>;
+
     /// Where a tag points now, if it exists and has not expired.
     async fn tag_target(&self, repo: &RepoName, tag: &Tag) -> Result<Option<Digest>, StorageError>;
 

@@ -1141,6 +1141,21 @@ impl MetadataStore for SqlMetadataStore {
         Ok(expired)
     }
 
+    async fn manifest_tags(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Vec<String>, StorageError> {
+        Ok(sqlx::query_scalar(
+            "SELECT t.name FROM tags t JOIN repositories r ON r.id = t.repository_id
+              WHERE r.name = $1 AND t.manifest_digest = $2 ORDER BY t.name",
+        )
+        .bind(repo.as_str())
+        .bind(digest.as_str())
+        .fetch_all(&self.reader)
+        .await?)
+    }
+
     async fn tag_target(&self, repo: &RepoName, tag: &Tag) -> Result<Option<Digest>, StorageError> {
         let d: Option<String> = sqlx::query_scalar(
             "SELECT t.manifest_digest FROM tags t JOIN repositories r ON r.id = t.repository_id
