@@ -124,29 +124,24 @@ pub async fn schedule(state: Arc<AppState>) {
 
 impl GcMetrics {
     pub fn render(&self, out: &mut String) {
-        use std::fmt::Write;
-        for (name, help, v) in [
-            (
-                "vial_gc_runs_total",
-                "Garbage collection passes.",
-                &self.runs,
-            ),
-            (
-                "vial_gc_reclaimed_blobs_total",
-                "Blobs removed by garbage collection.",
-                &self.blobs,
-            ),
-            (
-                "vial_gc_reclaimed_bytes_total",
-                "Blob bytes removed by garbage collection.",
-                &self.bytes,
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
-        }
+        use crate::metrics::write_counter;
+        write_counter(
+            out,
+            "vial_gc_runs_total",
+            "Garbage collection passes.",
+            &self.runs,
+        );
+        write_counter(
+            out,
+            "vial_gc_reclaimed_blobs_total",
+            "Blobs removed by garbage collection.",
+            &self.blobs,
+        );
+        write_counter(
+            out,
+            "vial_gc_reclaimed_bytes_total",
+            "Blob bytes removed by garbage collection.",
+            &self.bytes,
+        );
     }
 }

@@ -61,28 +61,23 @@ impl Metrics {
                 );
             }
         }
-        out.push_str("# HELP vial_bytes_received_total Blob bytes received in uploads.\n");
-        out.push_str("# TYPE vial_bytes_received_total counter\n");
-        let _ = writeln!(
-            out,
-            "vial_bytes_received_total {}",
-            self.bytes_in.load(Ordering::Relaxed)
+        write_counter(
+            &mut out,
+            "vial_bytes_received_total",
+            "Blob bytes received in uploads.",
+            &self.bytes_in,
         );
-        out.push_str(
-            "# HELP vial_manifest_bytes_received_total Manifest bytes received in pushes.\n",
+        write_counter(
+            &mut out,
+            "vial_manifest_bytes_received_total",
+            "Manifest bytes received in pushes.",
+            &self.manifest_bytes_in,
         );
-        out.push_str("# TYPE vial_manifest_bytes_received_total counter\n");
-        let _ = writeln!(
-            out,
-            "vial_manifest_bytes_received_total {}",
-            self.manifest_bytes_in.load(Ordering::Relaxed)
-        );
-        out.push_str("# HELP vial_bytes_sent_total Blob bytes sent in downloads.\n");
-        out.push_str("# TYPE vial_bytes_sent_total counter\n");
-        let _ = writeln!(
-            out,
-            "vial_bytes_sent_total {}",
-            self.bytes_out.load(Ordering::Relaxed)
+        write_counter(
+            &mut out,
+            "vial_bytes_sent_total",
+            "Blob bytes sent in downloads.",
+            &self.bytes_out,
         );
         out.push_str("# HELP vial_seal_layers_total Artifact layers sealed, by whether they were read or reused from an earlier seal of the same blob.\n");
         out.push_str("# TYPE vial_seal_layers_total counter\n");
@@ -96,12 +91,11 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             );
         }
-        out.push_str("# HELP vial_seal_bytes_read_total Layer bytes read by seals.\n");
-        out.push_str("# TYPE vial_seal_bytes_read_total counter\n");
-        let _ = writeln!(
-            out,
-            "vial_seal_bytes_read_total {}",
-            self.seal_bytes_read.load(Ordering::Relaxed)
+        write_counter(
+            &mut out,
+            "vial_seal_bytes_read_total",
+            "Layer bytes read by seals.",
+            &self.seal_bytes_read,
         );
         if let Some(n) = uploads_open {
             out.push_str(
@@ -112,4 +106,13 @@ impl Metrics {
         }
         out
     }
+}
+
+/// One unlabelled counter in the text exposition format: HELP, TYPE and value.
+pub(crate) fn write_counter(out: &mut String, name: &str, help: &str, value: &AtomicU64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        value.load(Ordering::Relaxed)
+    );
 }

@@ -302,6 +302,10 @@ fn parse_digest(s: &str) -> Result<Digest, StorageError> {
     Digest::parse(s).map_err(|e| StorageError::Corrupt(format!("stored digest {s:?}: {e}")))
 }
 
+fn parse_repo(s: &str) -> Result<RepoName, StorageError> {
+    RepoName::parse(s).map_err(|e| StorageError::Corrupt(format!("stored repository {s:?}: {e}")))
+}
+
 const JOB_COLUMNS: &str =
     "id, kind, repository, target, state, result, error, attempts, created_at, updated_at";
 
@@ -311,8 +315,7 @@ fn job_from_row(row: &AnyRow) -> Result<Job, StorageError> {
     Ok(Job {
         id: row.try_get("id")?,
         kind: row.try_get("kind")?,
-        repository: RepoName::parse(&repo)
-            .map_err(|e| StorageError::Corrupt(format!("stored repository {repo:?}: {e}")))?,
+        repository: parse_repo(&repo)?,
         target: row.try_get("target")?,
         state: JobState::parse(&state)
             .ok_or_else(|| StorageError::Corrupt(format!("stored job state {state:?}")))?,
@@ -328,8 +331,7 @@ fn upload_from_row(row: &AnyRow) -> Result<UploadSession, StorageError> {
     let repo: String = row.try_get("repository")?;
     Ok(UploadSession {
         id: row.try_get("id")?,
-        repository: RepoName::parse(&repo)
-            .map_err(|e| StorageError::Corrupt(format!("stored repository {repo:?}: {e}")))?,
+        repository: parse_repo(&repo)?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
@@ -891,9 +893,7 @@ impl MetadataStore for SqlMetadataStore {
                 let name: String = row.try_get("name")?;
                 let digest: String = row.try_get("digest")?;
                 Ok((
-                    RepoName::parse(&name).map_err(|e| {
-                        StorageError::Corrupt(format!("stored repository {name:?}: {e}"))
-                    })?,
+                    parse_repo(&name)?,
                     parse_digest(&digest)?,
                     row.try_get("deleted_at")?,
                 ))
@@ -1133,8 +1133,7 @@ impl MetadataStore for SqlMetadataStore {
                 "expired",
             )
             .await?;
-            let repo = RepoName::parse(&repo)
-                .map_err(|e| StorageError::Corrupt(format!("stored repository {repo:?}: {e}")))?;
+            let repo = parse_repo(&repo)?;
             expired.push((repo, name));
         }
         tx.commit().await?;
