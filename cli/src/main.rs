@@ -10,6 +10,7 @@ mod login;
 mod mount;
 mod push;
 mod seal;
+mod sync;
 mod serve;
 mod tag;
 
@@ -67,6 +68,9 @@ enum Command {
     Restore(lifecycle::RestoreArgs),
     /// Ask a vial registry for a garbage collection pass now (administrators).
     Gc(gc::GcArgs),
+    /// Have the registry copy a bucket, another registry's artifact or a Hugging Face Hub
+    /// repository into a sealed version (a durable job).
+    Sync(sync::SyncArgs),
     /// Save credentials for a registry in the Docker config file.
     Login(login::LoginArgs),
     /// Mount a version read-only, lazily: files appear at once, bytes stream in as they are read.
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
         Command::Rm(args) => lifecycle::run_rm(args),
         Command::Restore(args) => lifecycle::run_restore(args),
         Command::Gc(args) => gc::run(args),
+        Command::Sync(args) => sync::run(args),
         Command::Login(args) => login::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Umount(args) => mount::run_umount(args),

@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 use vial_registry::auth::AuthSettings;
-use vial_registry::config::{TlsFiles, DEFAULT_MAX_MANIFEST_SIZE};
+use vial_registry::config::{SyncSource, TlsFiles, DEFAULT_MAX_MANIFEST_SIZE};
 use vial_registry::{BlobBackend, Config, MetadataBackend};
 
 #[derive(Debug, Args)]
@@ -84,10 +84,21 @@ pub struct ServeArgs {
     #[arg(long, env = "VIAL_SEAL_ON_PUSH", value_name = "BOOL")]
     seal_on_push: Option<bool>,
 
-    /// Run background jobs (seals) in this process [default: true]. With several replicas, some
-    /// may serve HTTP only; jobs queued there run on the others.
+    /// Run background jobs (seals, syncs) in this process [default: true]. With several
+    /// replicas, some may serve HTTP only; jobs queued there run on the others.
     #[arg(long, env = "VIAL_RUN_JOBS", value_name = "BOOL")]
     run_jobs: Option<bool>,
+
+    /// How long a job's claim lasts without renewal: a job whose replica crashed is taken over
+    /// this long after [default: 30s].
+    #[arg(long, env = "VIAL_JOB_LEASE", value_parser = humantime::parse_duration)]
+    job_lease: Option<Duration>,
+
+    /// Let sync jobs read sources under this prefix (repeatable), e.g. `hf://`, `s3://models`,
+    /// `oci://ghcr.io/acme`, with the registry's own credentials. `[[sync-sources]]` in the
+    /// config file also sets endpoints and credentials per source (docs/sync.md).
+    #[arg(long, value_name = "PREFIX")]
+    sync_source: Vec<String>,
 
     /// How long a deleted version can be restored (`vial restore`) before it is removed for
     /// good, e.g. 7d, 12h, 0s [default: 7d].
@@ -138,6 +149,8 @@ pub struct FileConfig {
     seal_on_push: Option<bool>,
     run_jobs: Option<bool>,
     #[serde(default, with = "humantime_serde_opt")]
+    job_lease: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
     retention: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
     gc_interval: Option<Duration>,
@@ -148,6 +161,9 @@ pub struct FileConfig {
     /// `[[tag-rules]]`: tag protection.
     #[serde(default)]
     tag_rules: Vec<vial_registry::config::TagRule>,
+    /// `[[sync-sources]]`: what sync jobs may read, and how.
+    #[serde(default)]
+    sync_sources: Vec<vial_registry::config::SyncSource>,
     auth: Option<FileAuth>,
 }
 
@@ -223,6 +239,13 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
     config.redirect_blobs = args.redirect_blobs || file.redirect_blobs.unwrap_or(false);
     config.seal_on_push = args.seal_on_push.or(file.seal_on_push).unwrap_or(true);
     config.run_jobs = args.run_jobs.or(file.run_jobs).unwrap_or(true);
+    if let Some(lease) = args.job_lease.or(file.job_lease) {
+        anyhow::ensure!(
+            lease >= Duration::from_secs(1),
+            "--job-lease must be at least 1s"
+        );
+        config.job_lease = lease;
+    }
     if let Some(r) = args.retention.or(file.retention) {
         config.retention = r;
     }
@@ -240,6 +263,15 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
             .push((ns.trim_end_matches('/').to_owned(), d));
     }
     config.tag_rules = file.tag_rules;
+    config.sync_sources = file.sync_sources;
+    for prefix in &args.sync_source {
+        if config.sync_source_for(prefix).map(|s| &s.prefix) != Some(prefix) {
+            config.sync_sources.push(SyncSource {
+                prefix: prefix.clone(),
+                ..SyncSource::default()
+            });
+        }
+    }
     // Flags come last, so they win over the file for the same namespace.
     for (ns, d) in &args.namespace_retention {
         config.namespace_retention.retain(|(n, _)| n != ns);

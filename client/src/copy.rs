@@ -72,42 +72,11 @@ pub async fn copy(
         })
     })?;
 
-    // Walk the graph a level at a time; `levels[i]` holds the manifests first reached at depth i.
-    let mut levels: Vec<Vec<Manifest>> = Vec::new();
-    let mut seen: HashSet<Digest> = HashSet::from([root.digest.clone()]);
-    let mut blobs: Vec<Digest> = Vec::new();
-    let mut blob_seen: HashSet<Digest> = HashSet::new();
-    let mut sizes: HashMap<Digest, u64> = HashMap::new();
-    let mut level = vec![root.clone()];
-    while !level.is_empty() {
-        let mut children = Vec::new();
-        for m in &level {
-            let summary = summarize(Some(&m.media_type), &m.bytes).map_err(|e| {
-                ClientError::InvalidVolume(format!("manifest {} cannot be read: {e}", m.digest))
-            })?;
-            sizes.extend(descriptor_sizes(&m.bytes));
-            for b in summary.blobs {
-                if blob_seen.insert(b.clone()) {
-                    blobs.push(b);
-                }
-            }
-            for c in summary.children {
-                if seen.insert(c.clone()) {
-                    children.push(c);
-                }
-            }
-        }
-        levels.push(level);
-        level = futures_util::stream::iter(children)
-            .map(|d| async move {
-                src.get_manifest(src_repo, &Target::Digest(d.clone()))
-                    .await?
-                    .ok_or_else(|| ClientError::NotFound(format!("manifest {d} in {src_repo}")))
-            })
-            .buffer_unordered(PARALLEL)
-            .try_collect()
-            .await?;
-    }
+    let Graph {
+        levels,
+        blobs,
+        sizes,
+    } = walk(src, src_repo, root.clone()).await?;
 
     // Which blobs the destination lacks.
     let present = dst.present_blobs(dst_repo, &blobs).await?;
@@ -226,6 +195,63 @@ pub async fn copy(
         blobs_copied: copied.into_inner(),
         bytes_copied: bytes.into_inner(),
         seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A manifest and everything it references, as [`walk`] finds them.
+#[derive(Debug)]
+pub struct Graph {
+    /// `levels[i]` holds the manifests first reached at depth i; `levels[0]` is the root.
+    pub levels: Vec<Vec<Manifest>>,
+    /// Every blob (configs and layers), each once, in the order first reached.
+    pub blobs: Vec<Digest>,
+    /// The sizes the descriptors give for the blobs.
+    pub sizes: HashMap<Digest, u64>,
+}
+
+/// Fetches everything `root` references, a level at a time with the fetches of a level in
+/// parallel.
+pub async fn walk(src: &Registry, repo: &RepoName, root: Manifest) -> Result<Graph, ClientError> {
+    let mut levels: Vec<Vec<Manifest>> = Vec::new();
+    let mut seen: HashSet<Digest> = HashSet::from([root.digest.clone()]);
+    let mut blobs: Vec<Digest> = Vec::new();
+    let mut blob_seen: HashSet<Digest> = HashSet::new();
+    let mut sizes: HashMap<Digest, u64> = HashMap::new();
+    let mut level = vec![root];
+    while !level.is_empty() {
+        let mut children = Vec::new();
+        for m in &level {
+            let summary = summarize(Some(&m.media_type), &m.bytes).map_err(|e| {
+                ClientError::InvalidVolume(format!("manifest {} cannot be read: {e}", m.digest))
+            })?;
+            sizes.extend(descriptor_sizes(&m.bytes));
+            for b in summary.blobs {
+                if blob_seen.insert(b.clone()) {
+                    blobs.push(b);
+                }
+            }
+            for c in summary.children {
+                if seen.insert(c.clone()) {
+                    children.push(c);
+                }
+            }
+        }
+        levels.push(level);
+        level = futures_util::stream::iter(children)
+            .map(|d| async move {
+                src.get_manifest(repo, &Target::Digest(d.clone()))
+                    .await?
+                    .ok_or_else(|| ClientError::NotFound(format!("manifest {d} in {repo}")))
+            })
+            .buffer_unordered(PARALLEL)
+            .try_collect()
+            .await?;
+    }
+
+    Ok(Graph {
+        levels,
+        blobs,
+        sizes,
     })
 }
 

@@ -17,6 +17,6 @@ pub mod volume;
 
 pub use error::ClientError;
 pub use registry::{
-    LeaseInfo, Manifest, Registry, RegistryOptions, RestoreReport, SealStatus, TagEventInfo,
-    VersionInfo,
+    LeaseInfo, Manifest, Registry, RegistryOptions, RestoreReport, SealStatus, SyncJob,
+    SyncProgress, SyncRequest, TagEventInfo, VersionInfo,
 };

@@ -49,6 +49,68 @@ pub struct Manifest {
     pub digest: Digest,
 }
 
+/// What a sync copies: the body of a request that starts one.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SyncRequest {
+    pub source: String,
+    pub tag: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub plain_http: bool,
+}
+
+/// A sync job as vial's sync extension reports it.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SyncJob {
+    pub id: String,
+    pub repository: String,
+    pub source: String,
+    pub tag: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// `queued`, `running`, `done` or `failed`.
+    pub state: String,
+    /// The sealed version, once done.
+    #[serde(default)]
+    pub digest: Option<Digest>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub progress: SyncProgress,
+    #[serde(default)]
+    pub attempts: i64,
+    /// Unix milliseconds.
+    #[serde(default)]
+    pub created_at: i64,
+    #[serde(default)]
+    pub updated_at: i64,
+}
+
+/// How far a sync job has come. For an `oci://` source, files are blobs.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct SyncProgress {
+    #[serde(default)]
+    pub pinned: Option<String>,
+    #[serde(default)]
+    pub files_total: u64,
+    #[serde(default)]
+    pub bytes_total: u64,
+    #[serde(default)]
+    pub files_done: u64,
+    #[serde(default)]
+    pub bytes_done: u64,
+    #[serde(default)]
+    pub bytes_read: u64,
+}
+
 /// A seal job as vial's seal extension reports it.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 pub struct SealStatus {
@@ -671,6 +733,31 @@ impl Registry {
         r.bytes().await.map_err(|e| self.transport(e))
     }
 
+    /// Streams a whole blob without holding it in memory. The caller verifies the digest of what
+    /// it receives before using it.
+    pub async fn get_blob_stream(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<impl futures_util::Stream<Item = Result<Bytes, ClientError>>, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/blobs/{digest}"));
+        let action = format!("download of {digest}");
+        let r = self
+            .send(&Self::scope(repo, false), &action, |c| c.get(&url))
+            .await?;
+        match r.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => {
+                return Err(ClientError::NotFound(format!("blob {digest} in {repo}")))
+            }
+            _ => return Err(self.error(r, &action).await),
+        }
+        let this = self.clone();
+        Ok(futures_util::StreamExt::map(r.bytes_stream(), move |b| {
+            b.map_err(|e| this.transport(e))
+        }))
+    }
+
     /// Fetches a manifest by tag or digest. `None` when it does not exist.
     pub async fn get_manifest(
         &self,
@@ -928,6 +1015,74 @@ impl Registry {
                 _ => Ok(None),
             },
             _ => Err(self.error(r, action).await),
+        }
+    }
+
+/// Asks the registry to copy a remote source into a sealed version of `repo` (vial's sync
+    /// extension) and returns the queued job.
+    pub async fn sync_start(&self, repo: &RepoName, spec: &SyncRequest) -> Result<SyncJob, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/sync"));
+        let r = self
+            .send(&Self::scope(repo, true), "sync", |c| c.post(&url).json(spec))
+            .await?;
+        match r.status() {
+            s if s.is_success() => r.json().await.map_err(|e| self.transport(e)),
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
+                match self.error(r, "sync").await {
+                    e @ ClientError::RepositoryNotFound(_) => Err(e),
+                    _ => Err(ClientError::Invalid(format!(
+                        "{} cannot run sync jobs (not a vial registry?)",
+                        self.host()
+                    ))),
+                }
+            }
+            _ => Err(self.error(r, "sync").await),
+        }
+    }
+
+    /// A sync job of `repo`; with `wait`, the registry answers once the job finishes or that
+    /// much time (at most 30 s) passes.
+    pub async fn sync_status(
+        &self,
+        repo: &RepoName,
+        id: &str,
+        wait: Duration,
+    ) -> Result<SyncJob, ClientError> {
+        let mut url = self.url(&format!("/v2/{repo}/_vial/sync/{id}"));
+        if !wait.is_zero() {
+            url.push_str(&format!("?wait={}", wait.as_secs_f64()));
+        }
+        let r = self
+            .send(&Self::scope(repo, false), "sync status", |c| c.get(&url))
+            .await?;
+        match r.status() {
+            StatusCode::OK => r.json().await.map_err(|e| self.transport(e)),
+            _ => Err(self.error(r, &format!("sync job {id} of {repo}")).await),
+        }
+    }
+
+    /// The sync jobs of `repo`, newest first.
+    pub async fn sync_list(&self, repo: &RepoName) -> Result<Vec<SyncJob>, ClientError> {
+        #[derive(Deserialize)]
+        struct Jobs {
+            jobs: Vec<SyncJob>,
+        }
+        let url = self.url(&format!("/v2/{repo}/_vial/sync"));
+        let jobs: Option<Jobs> = self.get_extension(repo, &url, "sync listing").await?;
+        jobs.map(|j| j.jobs).ok_or_else(|| {
+            ClientError::Invalid(format!("{} cannot run sync jobs (not a vial registry?)", self.host()))
+        })
+    }
+
+    /// Cancels a sync job that has not finished.
+    pub async fn sync_cancel(&self, repo: &RepoName, id: &str) -> Result<SyncJob, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/_vial/sync/{id}"));
+        let r = self
+            .send(&Self::scope(repo, true), "sync cancel", |c| c.delete(&url))
+            .await?;
+        match r.status() {
+            StatusCode::OK => r.json().await.map_err(|e| self.transport(e)),
+            _ => Err(self.error(r, &format!("cancel of sync job {id} in {repo}")).await),
         }
     }
 

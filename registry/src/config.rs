@@ -148,8 +148,11 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// Queue a seal for every file artifact pushed by other tools (ORAS, ModelPack, Docker model).
     pub seal_on_push: bool,
-    /// Run background jobs (seals) in this process. Replicas that only serve HTTP turn it off.
+    /// Run background jobs (seals, syncs) in this process. Replicas that only serve HTTP turn
+    /// it off.
     pub run_jobs: bool,
+    /// How long a job's claim lasts without renewal (a crashed replica's job waits this long).
+    pub job_lease: Duration,
     /// How long a deleted version can be restored before it is removed for good.
     pub retention: Duration,
     /// Other retention windows for namespaces (a repository prefix, matched on `/` boundaries;
@@ -162,6 +165,89 @@ pub struct Config {
     /// Blobs used (uploaded, linked, checked for) this recently are never collected, so a push
     /// in flight keeps what it relies on (docs/gc.md).
     pub gc_grace: Duration,
+    /// The sources sync jobs may read, with where they are and the credentials to read them.
+    /// Empty: sync is off.
+    pub sync_sources: Vec<SyncSource>,
+}
+
+/// A family of sources sync jobs may read (`[[sync-sources]]` in the config file), and how to
+/// reach them. A job names only what to copy; where it is served from and the credentials to read
+/// it come from here, so no secret passes through a job's arguments and no job can send the
+/// registry's credentials to a server of its choosing.
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct SyncSource {
+    /// The sources covered: a prefix of the source URL, matched on `/` boundaries
+    /// (`s3://models`, `oci://ghcr.io/acme`, `hf://`). The longest match wins.
+    pub prefix: String,
+    /// S3: the endpoint of an S3-compatible server. hf: the Hub or a mirror
+    /// (default `https://huggingface.co`).
+    pub endpoint: Option<String>,
+    /// S3: the region.
+    pub region: Option<String>,
+    /// S3: path-style addressing; by default on exactly when an endpoint is set.
+    pub path_style: Option<bool>,
+    /// S3 credentials; without them the registry's own AWS environment is used.
+    pub access_key_id: Option<Secret>,
+    pub secret_access_key: Option<Secret>,
+    /// hf: the access token.
+    pub token: Option<Secret>,
+    /// oci: registry credentials.
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+}
+
+impl std::fmt::Debug for SyncSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncSource")
+            .field("prefix", &self.prefix)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("has_credentials", &(self.secret_access_key.is_some() || self.token.is_some() || self.password.is_some()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl SyncSource {
+    /// Whether this entry covers `source`.
+    pub fn covers(&self, source: &str) -> bool {
+        let prefix = self.prefix.as_str();
+        source == prefix.trim_end_matches('/')
+            || source.strip_prefix(prefix).is_some_and(|rest| {
+                prefix.ends_with('/') || rest.starts_with('/') || rest.starts_with(':') || rest.starts_with('@')
+            })
+    }
+}
+
+/// A secret in the config file: written as is, or as `env:NAME` (an environment variable of the
+/// registry) or `file:PATH` (a file's content, trimmed), so the file itself can hold none.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The secret's value, read now (a rotated file is picked up by the next job).
+    pub fn reveal(&self) -> Result<String, String> {
+        if let Some(name) = self.0.strip_prefix("env:") {
+            return std::env::var(name).map_err(|_| format!("environment variable {name} is not set"));
+        }
+        if let Some(path) = self.0.strip_prefix("file:") {
+            return std::fs::read_to_string(path)
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| format!("cannot read {path}: {e}"));
+        }
+        Ok(self.0.clone())
+    }
 }
 
 /// How some tags of a namespace may move. Every rule that matches a tag applies.
@@ -227,11 +313,13 @@ impl Config {
             tls: None,
             seal_on_push: true,
             run_jobs: true,
+            job_lease: Duration::from_secs(30),
             retention: DEFAULT_RETENTION,
             namespace_retention: Vec::new(),
             tag_rules: Vec::new(),
             gc_interval: Duration::from_secs(3600),
             gc_grace: Duration::from_secs(3600),
+            sync_sources: Vec::new(),
         }
     }
 }
@@ -256,6 +344,14 @@ impl Config {
         tag: &'a str,
     ) -> impl Iterator<Item = &'a TagRule> {
         self.tag_rules.iter().filter(move |r| r.matches(repo, tag))
+    }
+
+    /// The entry that covers a sync source: the longest matching prefix.
+    pub fn sync_source_for(&self, source: &str) -> Option<&SyncSource> {
+        self.sync_sources
+            .iter()
+            .filter(|s| s.covers(source))
+            .max_by_key(|s| s.prefix.len())
     }
 
     /// The shortest retention window of any namespace.
@@ -291,6 +387,40 @@ mod tests {
         assert_eq!(c.retention_for("weightsx/a"), DEFAULT_RETENTION);
         assert_eq!(c.retention_for("scratch/tmp"), Duration::ZERO);
         assert_eq!(c.shortest_retention(), Duration::ZERO);
+    }
+
+    #[test]
+    fn sync_sources_match_on_boundaries_and_the_longest_wins() {
+        let mut c = Config::embedded("/tmp/x");
+        let entry = |prefix: &str| SyncSource {
+            prefix: prefix.into(),
+            ..SyncSource::default()
+        };
+        c.sync_sources = vec![entry("s3://models"), entry("s3://models/prod/"), entry("hf://"), entry("oci://ghcr.io/acme")];
+        let prefix = |s: &str| c.sync_source_for(s).map(|e| e.prefix.clone());
+        assert_eq!(prefix("s3://models").as_deref(), Some("s3://models"));
+        assert_eq!(prefix("s3://models/x").as_deref(), Some("s3://models"));
+        assert_eq!(prefix("s3://models/prod/llama").as_deref(), Some("s3://models/prod/"));
+        assert_eq!(prefix("s3://models2/x"), None);
+        assert_eq!(prefix("hf://org/repo@main").as_deref(), Some("hf://"));
+        assert_eq!(prefix("oci://ghcr.io/acme:v1").as_deref(), Some("oci://ghcr.io/acme"));
+        assert_eq!(prefix("oci://ghcr.io/acme/w:v1").as_deref(), Some("oci://ghcr.io/acme"));
+        assert_eq!(prefix("oci://ghcr.io/acmex:v1"), None);
+        assert_eq!(prefix("oci://evil.example/x:v1"), None);
+    }
+
+    #[test]
+    fn secrets_never_print_and_come_from_where_they_say() {
+        std::env::set_var("VIAL_TEST_SECRET_X", "from-env");
+        assert_eq!(Secret::new("env:VIAL_TEST_SECRET_X").reveal().unwrap(), "from-env");
+        assert_eq!(Secret::new("plain").reveal().unwrap(), "plain");
+        assert!(Secret::new("env:VIAL_TEST_SECRET_MISSING").reveal().is_err());
+        let s = SyncSource {
+            prefix: "s3://b".into(),
+            secret_access_key: Some(Secret::new("hunter2")),
+            ..SyncSource::default()
+        };
+        assert!(!format!("{s:?}").contains("hunter2"));
     }
 
     #[test]

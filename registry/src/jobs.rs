@@ -16,12 +16,13 @@ use vial_core::Digest;
 use crate::error::error_chain;
 use crate::seal::{seal, SEAL_JOB};
 use crate::storage::{now_millis, Job, JobOutcome};
+use crate::sync::SYNC_JOB;
 use crate::AppState;
 
-/// How long a claim holds a job without renewal.
-const LEASE: Duration = Duration::from_secs(30);
 /// How often an idle runner looks for jobs queued by other replicas or left by dead ones.
 const POLL: Duration = Duration::from_secs(5);
+/// Jobs one process runs at once.
+const PARALLEL_JOBS: usize = 2;
 /// Attempts before a job that keeps failing transiently is given up.
 const MAX_ATTEMPTS: i64 = 5;
 
@@ -44,10 +45,16 @@ impl JobQueue {
 }
 
 /// Runs jobs until `stop` turns true; a job running then is handed back for another attempt.
+/// Up to [`PARALLEL_JOBS`] run at once, so a long sync does not hold up the seals queued behind it.
 pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     tracing::info!("background job runner started");
+    let slots = Arc::new(tokio::sync::Semaphore::new(PARALLEL_JOBS));
+    let mut running = tokio::task::JoinSet::new();
     while !*stop.borrow() {
-        let job = match state.meta.claim_job(LEASE.as_millis() as i64).await {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            break;
+        };
+        let job = match state.meta.claim_job(state.config.job_lease.as_millis() as i64).await {
             Ok(job) => job,
             Err(e) => {
                 tracing::warn!(error = %error_chain(&e), "could not look for jobs");
@@ -55,6 +62,7 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
             }
         };
         let Some(job) = job else {
+            drop(slot);
             tokio::select! {
                 () = state.jobs.wake.notified() => {}
                 () = tokio::time::sleep(POLL) => {}
@@ -62,8 +70,16 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
             }
             continue;
         };
-        run_one(&state, job, &mut stop).await;
+        let (state, mut stop) = (Arc::clone(&state), stop.clone());
+        running.spawn(async move {
+            run_one(&state, job, &mut stop).await;
+            drop(slot);
+        });
+        // Reap finished tasks so the set does not grow.
+        while running.try_join_next().is_some() {}
     }
+    // Every running job sees the stop too and hands itself back.
+    while running.join_next().await.is_some() {}
 }
 
 async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<bool>) {
@@ -77,10 +93,10 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
         let work = execute(state, &job);
         let renew = async {
             loop {
-                tokio::time::sleep(LEASE / 3).await;
+                tokio::time::sleep(state.config.job_lease / 3).await;
                 match state
                     .meta
-                    .renew_job(&job.id, job.attempts, LEASE.as_millis() as i64)
+                    .renew_job(&job.id, job.attempts, state.config.job_lease.as_millis() as i64)
                     .await
                 {
                     Ok(true) => {}
@@ -144,6 +160,14 @@ async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
                 Err(e) => JobOutcome::Failed(error_chain(&e)),
             }
         }
+        SYNC_JOB => match crate::sync::run(state, job).await {
+            Ok(version) => JobOutcome::Done(version.to_string()),
+            Err(e) if e.is_transient() => JobOutcome::Retry {
+                error: error_chain(&e),
+                not_before: now_millis() + 1000 * (1 << job.attempts.clamp(1, 4)),
+            },
+            Err(e) => JobOutcome::Failed(error_chain(&e)),
+        },
         other => JobOutcome::Failed(format!("unknown job kind {other:?}")),
     }
 }

@@ -15,6 +15,7 @@ mod listener;
 mod metrics;
 pub mod route;
 mod seal;
+pub mod sync;
 pub mod storage;
 
 use std::future::Future;

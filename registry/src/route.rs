@@ -40,6 +40,10 @@ pub enum Endpoint {
     Leases(RepoName, Digest),
     /// `/v2/<name>/_vial/tags/<tag>/history`: every move of a tag (extension).
     TagHistory(RepoName, Tag),
+    /// `/v2/<name>/_vial/sync`: sync jobs into the repository (extension).
+    Syncs(RepoName),
+    /// `/v2/<name>/_vial/sync/<id>`: one sync job (extension).
+    Sync(RepoName, String),
 }
 
 impl Endpoint {
@@ -61,6 +65,7 @@ impl Endpoint {
             Endpoint::Restore(..) => "vial_restore",
             Endpoint::Leases(..) => "vial_leases",
             Endpoint::TagHistory(..) => "vial_tag_history",
+            Endpoint::Syncs(..) | Endpoint::Sync(..) => "vial_sync",
         }
     }
 }
@@ -99,6 +104,10 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
                     .map_err(|e| ApiError::bad_request(ErrorCode::TagInvalid, e.to_string()))?;
                 Ok(Endpoint::TagHistory(r, t))
             })
+        }
+        [name @ .., "_vial", "sync"] if !name.is_empty() => repo(name).map(Endpoint::Syncs),
+        [name @ .., "_vial", "sync", id] if !name.is_empty() => {
+            repo(name).map(|r| Endpoint::Sync(r, (*id).to_owned()))
         }
         [name @ .., "_vial", "leases", digest] if !name.is_empty() => {
             repo(name).and_then(|r| Ok(Endpoint::Leases(r, parse_digest(digest)?)))
@@ -199,6 +208,11 @@ mod tests {
         assert_eq!(
             ok("/v2/w/m/_vial/versions"),
             Endpoint::Versions(name("w/m"))
+        );
+        assert_eq!(ok("/v2/w/m/_vial/sync"), Endpoint::Syncs(name("w/m")));
+        assert_eq!(
+            ok("/v2/w/m/_vial/sync/0b5e"),
+            Endpoint::Sync(name("w/m"), "0b5e".into())
         );
     }
 

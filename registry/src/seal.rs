@@ -21,12 +21,14 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 use vial_core::chunker::{self, is_safetensors_name, Sequential, SequentialError, Window};
 use vial_core::chunking::{Cutter, DEFAULT_PARAMS};
 use vial_core::manifest::{summarize, Descriptor, ImageManifest};
-use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, TreeBuilder};
-use vial_core::{media, Digest, RepoName, Target};
+use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
+use vial_core::{media, Digest, RepoName, Tag, Target};
 use vial_oras_compat::{recognize, safe_path, Packing};
 
 use crate::api::read_blob;
-use crate::storage::{ManifestRecord, RangeChunk, StorageError, TagPrecondition};
+use crate::storage::{
+    CommitManifestError, ManifestRecord, RangeChunk, StorageError, TagPrecondition,
+};
 use crate::AppState;
 
 /// The job kind under which seals run.
@@ -40,9 +42,13 @@ pub enum SealError {
     /// The artifact cannot become a volume; trying again will not help.
     #[error("{0}")]
     NotSealable(String),
-    /// A layer's content is not what its media type says (a broken archive).
-    #[error("layer {layer}: {message}")]
-    Content { layer: Digest, message: String },
+    /// A layer's (or a source file's) content is not what it should be (a broken archive, a file
+    /// that is not the size it claimed).
+    #[error("{}{message}", .layer.as_ref().map(|l| format!("layer {l}: ")).unwrap_or_default())]
+    Content {
+        layer: Option<Digest>,
+        message: String,
+    },
     #[error("storage")]
     Storage(#[from] StorageError),
 }
@@ -138,17 +144,14 @@ pub async fn seal(
     };
     let layout = build_layout_for(&tree, Some(subject_descriptor));
 
-    // Chunks first, then the tree and manifests bottom-up: a reader never sees a manifest whose
-    // content is not all there, and a crash leaves only unreferenced rows behind.
+    // Range chunks first: the volume's manifests name them.
     state.meta.commit_range_chunks(repo, &ranges).await?;
-    put_blob(state, repo, &layout.tree.digest, layout.tree.bytes.clone()).await?;
-    let empty = Digest::parse(media::OCI_EMPTY_DIGEST)
-        .map_err(|e| SealError::NotSealable(e.to_string()))?;
-    put_blob(state, repo, &empty, b"{}".to_vec()).await?;
-    for manifest in layout.parts.iter().chain([&layout.tree_manifest]) {
-        commit(state, repo, media::OCI_MANIFEST, manifest).await?;
-    }
-    commit(state, repo, media::OCI_INDEX, &layout.index).await?;
+    commit_layout(state, repo, &layout, &Publish::default())
+        .await
+        .map_err(|e| match e {
+            crate::storage::CommitManifestError::Storage(s) => SealError::Storage(s),
+            other => SealError::NotSealable(format!("committing the sealed volume: {other}")),
+        })?;
     tracing::info!(
         %repo,
         %subject,
@@ -163,7 +166,7 @@ pub async fn seal(
     Ok(layout.index.digest.clone())
 }
 
-async fn put_blob(
+pub(crate) async fn put_blob(
     state: &AppState,
     repo: &RepoName,
     digest: &Digest,
@@ -176,33 +179,113 @@ async fn put_blob(
     state.commit_stored_blob(repo, digest, size).await
 }
 
-async fn commit(
+/// How the registry publishes a volume it built: the tags its index gets, on what condition, and
+/// on whose behalf (for the tag history).
+#[derive(Debug, Default)]
+pub(crate) struct Publish {
+    pub tags: Vec<Tag>,
+    pub precondition: TagPrecondition,
+    pub by: Option<String>,
+}
+
+/// Commits a volume whose chunks the repository holds: the tree blob and the empty config, then
+/// the manifests bottom-up, the index last with its tags. A reader never sees a manifest whose
+/// content is not all there, and a crash leaves only unreferenced rows behind.
+pub(crate) async fn commit_layout(
+    state: &AppState,
+    repo: &RepoName,
+    layout: &Layout,
+    publish: &Publish,
+) -> Result<(), CommitManifestError> {
+    put_blob(state, repo, &layout.tree.digest, layout.tree.bytes.clone()).await?;
+    let empty = Digest::parse(media::OCI_EMPTY_DIGEST)
+        .map_err(|e| StorageError::Corrupt(e.to_string()))?;
+    put_blob(state, repo, &empty, b"{}".to_vec()).await?;
+    for manifest in layout.parts.iter().chain([&layout.tree_manifest]) {
+        commit_manifest(state, repo, media::OCI_MANIFEST, manifest, &Publish::default()).await?;
+    }
+    commit_manifest(state, repo, media::OCI_INDEX, &layout.index, publish).await
+}
+
+/// Commits one manifest the registry wrote or copied, with `publish`'s tags.
+pub(crate) async fn commit_manifest(
     state: &AppState,
     repo: &RepoName,
     media_type: &str,
-    blob: &vial_core::volume::Blob,
-) -> Result<(), SealError> {
-    let summary = summarize(Some(media_type), &blob.bytes)
-        .map_err(|e| SealError::NotSealable(format!("built an invalid manifest: {e}")))?;
+    manifest: &vial_core::volume::Blob,
+    publish: &Publish,
+) -> Result<(), CommitManifestError> {
+    let summary = summarize(Some(media_type), &manifest.bytes)
+        .map_err(|e| StorageError::Corrupt(format!("a manifest to commit is not valid: {e}")))?;
     let record = ManifestRecord {
-        digest: blob.digest.clone(),
+        digest: manifest.digest.clone(),
         media_type: summary.media_type,
         artifact_type: summary.artifact_type,
         subject: summary.subject.map(|s| s.digest),
         annotations: summary.annotations,
-        content: blob.bytes.clone(),
+        content: manifest.bytes.clone(),
         blobs: summary.blobs,
         children: summary.children,
-        pushed_by: None,
+        pushed_by: publish.by.clone(),
         tags_expire_at: None,
     };
     state
         .meta
-        .commit_manifest(repo, &record, &[], &TagPrecondition::None)
+        .commit_manifest(repo, &record, &publish.tags, &publish.precondition)
         .await
-        .map_err(|e| match e {
-            crate::storage::CommitManifestError::Storage(s) => SealError::Storage(s),
-            other => SealError::NotSealable(format!("committing the sealed volume: {other}")),
+}
+
+/// Stores the chunks [`LayerReader`] sends, linking each to `repo`.
+async fn store_chunks(
+    state: Arc<AppState>,
+    repo: RepoName,
+    mut rx: mpsc::Receiver<(ChunkRef, Bytes)>,
+) -> Result<(), StorageError> {
+    while let Some((chunk, bytes)) = rx.recv().await {
+        let known = state
+            .meta
+            .link_present_blobs(&repo, std::slice::from_ref(&chunk.digest), true)
+            .await?;
+        if known.is_empty() {
+            put_blob(&state, &repo, &chunk.digest, bytes.to_vec()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Chunks one file read from `reader` (`size` bytes, named `path` for the chunker's
+/// safetensors rule) and stores its chunks in `repo`, on a blocking thread.
+pub(crate) async fn chunk_and_store(
+    state: &Arc<AppState>,
+    repo: &RepoName,
+    path: &str,
+    size: u64,
+    reader: impl tokio::io::AsyncRead + Send + Unpin + 'static,
+) -> Result<Vec<ChunkRef>, SealError> {
+    let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(STORE_QUEUE);
+    let storer = store_chunks(Arc::clone(state), repo.clone(), rx);
+    let name = path.to_owned();
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut r = LayerReader {
+            cutter: Cutter::new(DEFAULT_PARAMS),
+            window: None,
+            base: Digest::parse(media::OCI_EMPTY_DIGEST).map_err(std::io::Error::other)?,
+            base_offset: 0,
+            store: Some(tx),
+            out: LayerFiles::default(),
+        };
+        r.file(&name, 0o644, size, 0, SyncIoBridge::new(reader))?;
+        match r.out.entries.pop() {
+            Some(SealedEntry::File { chunks, .. }) => Ok(chunks),
+            _ => Err(std::io::Error::other("the chunker produced no file")),
+        }
+    });
+    let (read, stored) = tokio::join!(reader, storer);
+    stored?;
+    read.map_err(|e| SealError::NotSealable(format!("reading {path}: {e}")))?
+        .map_err(|e| SealError::Content {
+            layer: None,
+            message: format!("{path}: {e}"),
         })
 }
 
@@ -255,23 +338,8 @@ async fn read_layer(
             ))
         })?;
 
-    let (tx, mut rx) = mpsc::channel::<(ChunkRef, Bytes)>(STORE_QUEUE);
-    let storer = {
-        let state = Arc::clone(state);
-        let repo = repo.clone();
-        async move {
-            while let Some((chunk, bytes)) = rx.recv().await {
-                let known = state
-                    .meta
-                    .link_present_blobs(&repo, std::slice::from_ref(&chunk.digest), true)
-                    .await?;
-                if known.is_empty() {
-                    put_blob(&state, &repo, &chunk.digest, bytes.to_vec()).await?;
-                }
-            }
-            Ok::<(), StorageError>(())
-        }
-    };
+    let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(STORE_QUEUE);
+    let storer = store_chunks(Arc::clone(state), repo.clone(), rx);
     let path = path.to_owned();
     let layer_digest = digest.clone();
     let reader = tokio::task::spawn_blocking(move || {
@@ -300,7 +368,7 @@ async fn read_layer(
     let files = read
         .map_err(|e| SealError::NotSealable(format!("reading layer {layer_digest}: {e}")))?
         .map_err(|e| SealError::Content {
-            layer: layer_digest.clone(),
+            layer: Some(layer_digest.clone()),
             message: e.to_string(),
         })?;
     match serde_json::to_string(&files) {

@@ -201,12 +201,12 @@ pub(super) async fn delete(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
-fn denied(message: String) -> ApiError {
+pub(super) fn denied(message: String) -> ApiError {
     ApiError::new(StatusCode::FORBIDDEN, ErrorCode::Denied, message)
 }
 
 /// The `users` of every rule on `tag` must include the caller.
-fn check_users(
+pub(super) fn check_users(
     state: &AppState,
     repo: &RepoName,
     tag: &Tag,

@@ -5,6 +5,7 @@ mod blobs;
 mod listing;
 mod manifests;
 mod sessions;
+mod sync;
 mod uploads;
 mod vial;
 
@@ -158,6 +159,8 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         Endpoint::Manifest(r, _) if *method == Method::PUT => repo(r, Action::Push),
         Endpoint::UploadStart(r) | Endpoint::Upload(r, _) => repo(r, Action::Push),
         Endpoint::Seal(r, _) if *method == Method::POST => repo(r, Action::Push),
+        Endpoint::Syncs(r) if *method == Method::POST => repo(r, Action::Push),
+        Endpoint::Sync(r, _) if *method == Method::DELETE => repo(r, Action::Push),
         Endpoint::Restore(r, _) => repo(r, Action::Delete),
         Endpoint::Manifest(r, _)
         | Endpoint::Blob(r, _)
@@ -167,7 +170,9 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         | Endpoint::Versions(r)
         | Endpoint::Seal(r, _)
         | Endpoint::Leases(r, _)
-        | Endpoint::TagHistory(r, _) => repo(r, Action::Pull),
+        | Endpoint::TagHistory(r, _)
+        | Endpoint::Syncs(r)
+        | Endpoint::Sync(r, _) => repo(r, Action::Pull),
     }
 }
 
@@ -370,6 +375,16 @@ async fn handle(
         }
         (Endpoint::Seal(repo, digest), Method::GET) => {
             vial::seal_status(state, &repo, &digest, req.query.get("wait")).await
+        }
+        (Endpoint::Syncs(repo), Method::POST) => {
+            sync::sync_start(state, &repo, req.subject.as_deref(), body).await
+        }
+        (Endpoint::Syncs(repo), Method::GET) => sync::sync_list(state, &repo).await,
+        (Endpoint::Sync(repo, id), Method::GET) => {
+            sync::sync_status(state, &repo, &id, req.query.get("wait")).await
+        }
+        (Endpoint::Sync(repo, id), Method::DELETE) => {
+            sync::sync_cancel(state, &repo, &id, req.subject.as_deref()).await
         }
         (endpoint, method) => Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,

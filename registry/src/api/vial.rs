@@ -30,6 +30,30 @@ struct PresentResponse {
     present: Vec<Digest>,
 }
 
+/// Reads a request body of at most `limit` bytes.
+pub(super) async fn read_small_body(
+    body: axum::body::Body,
+    limit: usize,
+    what: &str,
+) -> Result<Vec<u8>, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(ErrorCode::Unsupported, format!("request body failed: {e}"))
+        })?;
+        if bytes.len() + chunk.len() > limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::SizeInvalid,
+                format!("{what} body is too large (at most {limit} bytes)"),
+            ));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
 /// `POST /v2/<name>/_vial/blobs/present` with `{"digests": [...]}`: which of these blobs the
 /// repository holds, linking blobs the registry holds elsewhere, so one request replaces thousands
 /// of HEADs and cross-repository mounts.
@@ -43,21 +67,7 @@ pub(super) async fn blobs_present(
     body: axum::body::Body,
     across_repositories: bool,
 ) -> Result<Response, ApiError> {
-    let mut stream = body.into_data_stream();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::bad_request(ErrorCode::Unsupported, format!("request body failed: {e}"))
-        })?;
-        if bytes.len() + chunk.len() > MAX_PRESENT_BODY {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::SizeInvalid,
-                "existence check body is too large",
-            ));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
+    let bytes = read_small_body(body, MAX_PRESENT_BODY, "existence check").await?;
     let request: PresentRequest = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(
             ErrorCode::DigestInvalid,
@@ -204,31 +214,54 @@ pub(super) async fn seal_start(
     Ok(seal_response(StatusCode::ACCEPTED, &job))
 }
 
-/// Longest `?wait=` a seal status request may hold.
-const MAX_SEAL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Longest `?wait=` a job status request may hold.
+const MAX_JOB_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How often a waiting status request looks again for a job another replica runs.
-const SEAL_RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
+const JOB_RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// `GET /v2/<name>/_vial/seal/<digest>[?wait=SECONDS]`: where the artifact's seal job is. With
-/// `wait`, an unfinished job is answered once it finishes or the wait (at most 30 s) ends, so a
-/// client learns of the outcome at once without polling fast.
+/// Looks a job up with `fetch` and, with `wait` (seconds, at most 30), keeps looking until it
+/// finishes or the wait ends, so a client learns of the outcome at once without polling fast.
+pub(super) async fn await_job<F, Fut>(
+    state: &AppState,
+    wait: Option<&str>,
+    mut fetch: F,
+) -> Result<Job, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Job, ApiError>>,
+{
+    let wait = wait
+        .and_then(|w| w.parse::<f64>().ok())
+        .filter(|w| w.is_finite() && *w > 0.0)
+        .map_or(std::time::Duration::ZERO, |w| {
+            std::time::Duration::from_secs_f64(w).min(MAX_JOB_WAIT)
+        });
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        // Listen before looking, so a finish between the two is not missed.
+        let finished = state.jobs.finished();
+        let job = fetch().await?;
+        let now = tokio::time::Instant::now();
+        if matches!(job.state, JobState::Done | JobState::Failed) || now >= deadline {
+            return Ok(job);
+        }
+        let recheck = (deadline - now).min(JOB_RECHECK);
+        tokio::select! {
+            () = finished => {}
+            () = tokio::time::sleep(recheck) => {}
+        }
+    }
+}
+
+/// `GET /v2/<name>/_vial/seal/<digest>[?wait=SECONDS]`: where the artifact's seal job is.
 pub(super) async fn seal_status(
     state: &AppState,
     repo: &RepoName,
     digest: &Digest,
     wait: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let wait = wait
-        .and_then(|w| w.parse::<f64>().ok())
-        .filter(|w| w.is_finite() && *w > 0.0)
-        .map_or(std::time::Duration::ZERO, |w| {
-            std::time::Duration::from_secs_f64(w).min(MAX_SEAL_WAIT)
-        });
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        // Listen before looking, so a finish between the two is not missed.
-        let finished = state.jobs.finished();
-        let job = state
+    let job = await_job(state, wait, || async {
+        state
             .meta
             .get_job(SEAL_JOB, repo, digest.as_str())
             .await?
@@ -237,17 +270,10 @@ pub(super) async fn seal_status(
                     ErrorCode::ManifestUnknown,
                     format!("no seal of {digest} has been asked for in {repo}"),
                 )
-            })?;
-        let now = tokio::time::Instant::now();
-        if matches!(job.state, JobState::Done | JobState::Failed) || now >= deadline {
-            return Ok(seal_response(StatusCode::OK, &job));
-        }
-        let recheck = (deadline - now).min(SEAL_RECHECK);
-        tokio::select! {
-            () = finished => {}
-            () = tokio::time::sleep(recheck) => {}
-        }
-    }
+            })
+    })
+    .await?;
+    Ok(seal_response(StatusCode::OK, &job))
 }
 
 /// After a manifest push: queue a seal when the manifest is a file artifact another tool pushed.

@@ -49,8 +49,9 @@ pub type BytesDeletion =
 
 /// A condition on where a tag points before a manifest push moves it (HTTP `If-Match` /
 /// `If-None-Match: *` on the manifest PUT), for compare-and-swap tag moves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum TagPrecondition {
+    #[default]
     None,
     /// The tag must not exist yet.
     Absent,
@@ -199,6 +200,18 @@ pub struct Job {
     pub attempts: i64,
     pub created_at: i64,
     pub updated_at: i64,
+    /// What was asked, for jobs that carry more than a target (a sync's source and filters; JSON).
+    pub spec: Option<String>,
+    /// What the job has done so far (JSON), for status reports and resuming.
+    pub progress: Option<String>,
+}
+
+/// A file a job has finished: which copy of it was read, and what came of it (JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFile {
+    pub path: String,
+    pub version: String,
+    pub entry: String,
 }
 
 /// How an attempt at a job ended.
@@ -472,6 +485,50 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         attempts: i64,
         lease_millis: i64,
     ) -> Result<bool, StorageError>;
+
+    /// Creates a job that is its own target (each sync is a new job) with its spec, queued.
+    async fn create_job(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        spec: &str,
+    ) -> Result<Job, StorageError>;
+
+    async fn job_by_id(&self, id: &str) -> Result<Option<Job>, StorageError>;
+
+    /// The jobs of a kind in `repo`, newest first.
+    async fn list_jobs(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        limit: u32,
+    ) -> Result<Vec<Job>, StorageError>;
+
+    /// Stops a job that has not finished: it fails with `reason`, and the runner holding it loses
+    /// its lease at the next renewal. Returns the job as it now is, or `None` if there is no such
+    /// job.
+    async fn cancel_job(&self, id: &str, reason: &str) -> Result<Option<Job>, StorageError>;
+
+    /// Records a file the attempt `attempts` finished, with the job's progress; false if the job
+    /// is no longer held by that attempt (cancelled, or taken over).
+    async fn save_job_file(
+        &self,
+        id: &str,
+        attempts: i64,
+        file: &JobFile,
+        progress: &str,
+    ) -> Result<bool, StorageError>;
+
+    /// Records the job's progress; false if the attempt no longer holds it.
+    async fn save_job_progress(
+        &self,
+        id: &str,
+        attempts: i64,
+        progress: &str,
+    ) -> Result<bool, StorageError>;
+
+    /// The files a job has finished, in any attempt.
+    async fn job_files(&self, id: &str) -> Result<Vec<JobFile>, StorageError>;
 
     /// Records how the attempt `attempts` ended; false if the job was no longer held by it.
     async fn finish_job(

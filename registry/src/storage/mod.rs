@@ -14,7 +14,7 @@ mod sql;
 pub use blob::{BlobStore, ByteRange, ByteStream, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
-    BlobLocation, BytesDeletion, CommitManifestError, Job, JobOutcome, JobState, Lease,
+    BlobLocation, BytesDeletion, CommitManifestError, Job, JobFile, JobOutcome, JobState, Lease,
     ManifestRecord, MetadataStore, Page, RangeChunk, Restored, StoredCheck, StoredManifest,
     TagEvent, TagPrecondition, UploadSession, VersionRow,
 };

@@ -17,7 +17,7 @@ use vial_core::manifest::Descriptor;
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use super::metadata::{
-    BlobLocation, BytesDeletion, CommitManifestError, Job, JobOutcome, JobState, Lease,
+    BlobLocation, BytesDeletion, CommitManifestError, Job, JobFile, JobOutcome, JobState, Lease,
     ManifestRecord, MetadataStore, Page, RangeChunk, Restored, StoredCheck, StoredManifest,
     TagEvent, TagPrecondition, UploadSession, VersionRow,
 };
@@ -39,6 +39,10 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "lifecycle",
         include_str!("../../../migrations/sqlite/0003_lifecycle.sql"),
+    ),    (
+        4,
+        "sync",
+        include_str!("../../../migrations/sqlite/0004_sync.sql"),
     ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -56,6 +60,10 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "lifecycle",
         include_str!("../../../migrations/postgres/0003_lifecycle.sql"),
+    ),    (
+        4,
+        "sync",
+        include_str!("../../../migrations/postgres/0004_sync.sql"),
     ),
 ];
 
@@ -306,8 +314,7 @@ fn parse_repo(s: &str) -> Result<RepoName, StorageError> {
     RepoName::parse(s).map_err(|e| StorageError::Corrupt(format!("stored repository {s:?}: {e}")))
 }
 
-const JOB_COLUMNS: &str =
-    "id, kind, repository, target, state, result, error, attempts, created_at, updated_at";
+const JOB_COLUMNS: &str = "id, kind, repository, target, state, result, error, attempts, created_at, updated_at, spec, progress";
 
 fn job_from_row(row: &AnyRow) -> Result<Job, StorageError> {
     let repo: String = row.try_get("repository")?;
@@ -324,6 +331,8 @@ fn job_from_row(row: &AnyRow) -> Result<Job, StorageError> {
         attempts: row.try_get("attempts")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        spec: row.try_get("spec")?,
+        progress: row.try_get("progress")?,
     })
 }
 
@@ -1523,6 +1532,138 @@ impl MetadataStore for SqlMetadataStore {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn create_job(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        spec: &str,
+    ) -> Result<Job, StorageError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let row = sqlx::query(&format!(
+            "INSERT INTO jobs (id, kind, repository, target, state, spec, created_at, updated_at)
+             VALUES ($1, $2, $3, $1, 'queued', $4, $5, $5)
+             RETURNING {JOB_COLUMNS}"
+        ))
+        .bind(&id)
+        .bind(kind)
+        .bind(repo.as_str())
+        .bind(spec)
+        .bind(now_millis())
+        .fetch_one(&self.writer)
+        .await?;
+        job_from_row(&row)
+    }
+
+    async fn job_by_id(&self, id: &str) -> Result<Option<Job>, StorageError> {
+        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.writer)
+            .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    async fn list_jobs(
+        &self,
+        kind: &str,
+        repo: &RepoName,
+        limit: u32,
+    ) -> Result<Vec<Job>, StorageError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE kind = $1 AND repository = $2
+              ORDER BY created_at DESC, id LIMIT $3"
+        ))
+        .bind(kind)
+        .bind(repo.as_str())
+        .bind(i64::from(limit))
+        .fetch_all(&self.writer)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn cancel_job(&self, id: &str, reason: &str) -> Result<Option<Job>, StorageError> {
+        sqlx::query(
+            "UPDATE jobs SET state = 'failed', error = $2, lease_until = 0, updated_at = $3
+              WHERE id = $1 AND state IN ('queued', 'running')",
+        )
+        .bind(id)
+        .bind(reason)
+        .bind(now_millis())
+        .execute(&self.writer)
+        .await?;
+        self.job_by_id(id).await
+    }
+
+    async fn save_job_file(
+        &self,
+        id: &str,
+        attempts: i64,
+        file: &JobFile,
+        progress: &str,
+    ) -> Result<bool, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        // The fence first: an attempt that lost the job records nothing.
+        let held = sqlx::query(
+            "UPDATE jobs SET progress = $3, updated_at = $4
+              WHERE id = $1 AND attempts = $2 AND state = 'running'",
+        )
+        .bind(id)
+        .bind(attempts)
+        .bind(progress)
+        .bind(now_millis())
+        .execute(&mut *tx)
+        .await?;
+        if held.rows_affected() == 0 {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO job_files (job_id, path, version, entry) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job_id, path) DO UPDATE SET version = excluded.version, entry = excluded.entry",
+        )
+        .bind(id)
+        .bind(&file.path)
+        .bind(&file.version)
+        .bind(&file.entry)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn save_job_progress(
+        &self,
+        id: &str,
+        attempts: i64,
+        progress: &str,
+    ) -> Result<bool, StorageError> {
+        let held = sqlx::query(
+            "UPDATE jobs SET progress = $3, updated_at = $4
+              WHERE id = $1 AND attempts = $2 AND state = 'running'",
+        )
+        .bind(id)
+        .bind(attempts)
+        .bind(progress)
+        .bind(now_millis())
+        .execute(&self.writer)
+        .await?;
+        Ok(held.rows_affected() > 0)
+    }
+
+    async fn job_files(&self, id: &str) -> Result<Vec<JobFile>, StorageError> {
+        let rows = sqlx::query("SELECT path, version, entry FROM job_files WHERE job_id = $1")
+            .bind(id)
+            .fetch_all(&self.writer)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(JobFile {
+                    path: r.try_get("path")?,
+                    version: r.try_get("version")?,
+                    entry: r.try_get("entry")?,
+                })
+            })
+            .collect()
+    }
+
     async fn finish_job(
         &self,
         id: &str,
@@ -1549,7 +1690,15 @@ impl MetadataStore for SqlMetadataStore {
         .bind(now_millis())
         .execute(&self.writer)
         .await?;
-        Ok(done.rows_affected() > 0)
+        let recorded = done.rows_affected() > 0;
+        if recorded && matches!(outcome, JobOutcome::Done(_)) {
+            // What a finished job kept for resuming is of no more use.
+            sqlx::query("DELETE FROM job_files WHERE job_id = $1")
+                .bind(id)
+                .execute(&self.writer)
+                .await?;
+        }
+        Ok(recorded)
     }
 
     async fn sealed_layer(
