@@ -23,4 +23,5 @@ mod oras;
 mod s3;
 mod serve;
 mod skopeo;
+mod sync;
 mod volumes;

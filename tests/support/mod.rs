@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod conformance;
+pub mod hub;
 pub mod model;
 pub mod mount;
 pub mod oci;
@@ -106,7 +107,11 @@ impl Server {
             .arg(data)
             .args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("VIAL_LOG", "warn")
+            // VIAL_TEST_SERVER_LOG=debug shows what the servers of a failing test did.
+            .env(
+                "VIAL_LOG",
+                std::env::var("VIAL_TEST_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -78,6 +78,14 @@ impl S3Server {
         self.dir.path().join("data").join(BUCKET).join(prefix)
     }
 
+    /// A bucket's directory: s3s-fs serves the files under it as the bucket's objects, so a
+    /// test can fill a source bucket by writing files.
+    pub fn bucket_dir(&self, bucket: &str) -> PathBuf {
+        let dir = self.dir.path().join("data").join(bucket);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// The environment `vial serve` needs to reach this server.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         aws_env(&self.endpoint())

@@ -12,7 +12,7 @@ mod oci;
 mod remote;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures_util::{StreamExt, TryStreamExt};
 use globset::{Glob, GlobSet, GlobSetBuilder};
@@ -256,10 +256,10 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
         .as_deref()
         .and_then(|p| serde_json::from_str(p).ok())
         .unwrap_or_default();
-    let mut run = Run {
+    let run = Run {
         state: Arc::clone(state),
         job: job.clone(),
-        progress,
+        progress: Mutex::new(progress),
         publish: Publish {
             precondition: precondition_for(state, &job.repository, &tag),
             tags: vec![tag],
@@ -267,12 +267,12 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
         },
     };
     // A new attempt reads again whatever the last one had read.
-    run.progress.bytes_read = 0;
+    run.progress().bytes_read = 0;
     match source {
-        Source::Oci(reference) => oci::sync(&mut run, &spec, &reference, &entry).await,
+        Source::Oci(reference) => oci::sync(&run, &spec, &reference, &entry).await,
         Source::S3 { bucket, prefix } => {
             let lister = remote::S3Source::connect(&entry, &bucket, &prefix).await?;
-            sync_files(&mut run, &spec, &remote::Remote::S3(lister)).await
+            sync_files(&run, &spec, &remote::Remote::S3(lister)).await
         }
         Source::Hf {
             kind,
@@ -281,7 +281,7 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
         } => {
             let hub = remote::HubSource::new(&entry, kind, &repo)?;
             sync_files(
-                &mut run,
+                &run,
                 &spec,
                 &remote::Remote::Hub(hub, revision.clone()),
             )
@@ -304,10 +304,14 @@ fn precondition_for(state: &AppState, repo: &RepoName, tag: &Tag) -> TagPrecondi
 }
 
 /// One attempt at a job, with what it has recorded so far.
+///
+/// Copies run concurrently and each records its own outcome: nothing waits on the database
+/// outside the futures being polled, since a suspended future may hold the (SQLite: only) write
+/// connection in the middle of a transaction.
 struct Run {
     state: Arc<AppState>,
     job: Job,
-    progress: SyncProgress,
+    progress: Mutex<SyncProgress>,
     publish: Publish,
 }
 
@@ -316,8 +320,15 @@ impl Run {
         &self.job.repository
     }
 
+    fn progress(&self) -> std::sync::MutexGuard<'_, SyncProgress> {
+        // A panic while the lock was held leaves counters, not invariants, behind.
+        self.progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn progress_json(&self) -> String {
-        serde_json::to_string(&self.progress).unwrap_or_default()
+        serde_json::to_string(&*self.progress()).unwrap_or_default()
     }
 
     async fn save_progress(&self) -> Result<(), SyncError> {
@@ -357,14 +368,15 @@ struct FileEntry {
 /// Copies the files of a bucket or Hub repository, chunking each as `vial push` does, and seals
 /// them into a version.
 async fn sync_files(
-    run: &mut Run,
+    run: &Run,
     spec: &SyncSpec,
     remote: &remote::Remote,
 ) -> Result<Digest, SyncError> {
     let filter = Filter::new(&spec.include, &spec.exclude).map_err(SyncError::Invalid)?;
-    let (pinned, listing) = remote.list(run.progress.pinned.as_deref()).await?;
-    if run.progress.pinned.is_none() {
-        run.progress.pinned = pinned;
+    let earlier = run.progress().pinned.clone();
+    let (pinned, listing) = remote.list(earlier.as_deref()).await?;
+    if earlier.is_none() {
+        run.progress().pinned = pinned;
     }
     let mut files: Vec<RemoteFile> = listing
         .into_iter()
@@ -415,20 +427,23 @@ async fn sync_files(
             done.insert(f.path.clone(), entry.chunks);
         }
     }
-    run.progress.files_total = files.len() as u64;
-    run.progress.bytes_total = files.iter().map(|f| f.size).sum();
-    run.progress.files_done = done.len() as u64;
-    run.progress.bytes_done = files
-        .iter()
-        .filter(|f| done.contains_key(&f.path))
-        .map(|f| f.size)
-        .sum();
+    {
+        let mut p = run.progress();
+        p.files_total = files.len() as u64;
+        p.bytes_total = files.iter().map(|f| f.size).sum();
+        p.files_done = done.len() as u64;
+        p.bytes_done = files
+            .iter()
+            .filter(|f| done.contains_key(&f.path))
+            .map(|f| f.size)
+            .sum();
+    }
     run.save_progress().await?;
     tracing::info!(
         job = %run.job.id,
         source = %spec.source,
         files = files.len(),
-        bytes = run.progress.bytes_total,
+        bytes = run.progress().bytes_total,
         resumed_files = done.len(),
         "sync: copying files"
     );
@@ -437,37 +452,34 @@ async fn sync_files(
         .iter()
         .filter(|f| !done.contains_key(&f.path))
         .collect();
-    let state = Arc::clone(&run.state);
-    let repo = run.repo().clone();
     // The futures are built up front: a stream of closures that borrow would not be `Send` for
     // every lifetime, which the job runner's task needs.
     let copies: Vec<_> = todo
         .into_iter()
-        .map(|f| {
-            let state = Arc::clone(&state);
-            let repo = repo.clone();
-            async move {
-                let reader = remote.open(f).await?;
-                let chunks = chunk_and_store(&state, &repo, &f.path, f.size, reader).await?;
-                Ok::<_, SyncError>((f, chunks))
+        .map(|f| async move {
+            let reader = remote.open(f).await?;
+            let chunks = chunk_and_store(&run.state, run.repo(), &f.path, f.size, reader).await?;
+            {
+                let mut p = run.progress();
+                p.files_done += 1;
+                p.bytes_done += f.size;
+                p.bytes_read += f.size;
             }
+            let entry = FileEntry {
+                size: f.size,
+                chunks,
+            };
+            run.save_file(&JobFile {
+                path: f.path.clone(),
+                version: f.version.clone(),
+                entry: serde_json::to_string(&entry).unwrap_or_default(),
+            })
+            .await?;
+            Ok::<_, SyncError>((f, entry.chunks))
         })
         .collect();
     let mut copies = futures_util::stream::iter(copies).buffer_unordered(PARALLEL_FILES);
     while let Some((f, chunks)) = copies.try_next().await? {
-        run.progress.files_done += 1;
-        run.progress.bytes_done += f.size;
-        run.progress.bytes_read += f.size;
-        let entry = FileEntry {
-            size: f.size,
-            chunks: chunks.clone(),
-        };
-        run.save_file(&JobFile {
-            path: f.path.clone(),
-            version: f.version.clone(),
-            entry: serde_json::to_string(&entry).unwrap_or_default(),
-        })
-        .await?;
         done.insert(f.path.clone(), chunks);
     }
     drop(copies);

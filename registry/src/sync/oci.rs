@@ -29,7 +29,7 @@ enum Kind {
 }
 
 pub(super) async fn sync(
-    run: &mut Run,
+    run: &Run,
     spec: &SyncSpec,
     reference: &Reference,
     entry: &SyncSource,
@@ -66,7 +66,8 @@ pub(super) async fn sync(
     let repo = reference.repo();
 
     // The first attempt pins the digest the tag named; later attempts copy that digest.
-    let target = match &run.progress.pinned {
+    let pinned = run.progress().pinned.clone();
+    let target = match &pinned {
         Some(pinned) => Target::Digest(
             Digest::parse(pinned)
                 .map_err(|e| SyncError::Invalid(format!("pinned digest {pinned:?}: {e}")))?,
@@ -78,7 +79,7 @@ pub(super) async fn sync(
         .await
         .map_err(client_error)?
         .ok_or_else(|| SyncError::Invalid(format!("{} does not exist", spec.source)))?;
-    run.progress.pinned = Some(root.digest.to_string());
+    run.progress().pinned = Some(root.digest.to_string());
     let kind = classify(&root.media_type, &root.bytes).map_err(|why| {
         SyncError::Invalid(format!(
             "{} is neither a vial volume nor a file artifact vial can seal: {why}",
@@ -103,10 +104,13 @@ pub(super) async fn sync(
     }
     let present: std::collections::HashSet<Digest> = present.into_iter().collect();
     let size = |d: &Digest| sizes.get(d).copied().unwrap_or(0);
-    run.progress.files_total = blobs.len() as u64;
-    run.progress.bytes_total = blobs.iter().map(size).sum();
-    run.progress.files_done = present.len() as u64;
-    run.progress.bytes_done = present.iter().map(size).sum();
+    {
+        let mut p = run.progress();
+        p.files_total = blobs.len() as u64;
+        p.bytes_total = blobs.iter().map(size).sum();
+        p.files_done = present.len() as u64;
+        p.bytes_done = present.iter().map(size).sum();
+    }
     run.save_progress().await?;
     tracing::info!(
         job = %run.job.id,
@@ -122,25 +126,40 @@ pub(super) async fn sync(
         .filter(|d| !present.contains(*d))
         .cloned()
         .collect();
+    // Each copy records progress itself, at most once a second: nothing may wait on the database
+    // outside the futures being polled (see `Run`).
+    let saved = Mutex::new(Instant::now());
     let copies: Vec<_> = missing
         .into_iter()
         .map(|digest| {
-            let (src, state, dest) = (&src, &run.state, run.job.repository.clone());
-            async move { copy_blob(src, repo, state, &dest, &digest).await }
+            let (saved, src) = (&saved, &src);
+            async move {
+                let bytes = copy_blob(src, repo, &run.state, run.repo(), &digest).await?;
+                {
+                    let mut p = run.progress();
+                    p.files_done += 1;
+                    p.bytes_done += bytes;
+                    p.bytes_read += bytes;
+                }
+                let due = {
+                    let mut last = saved.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let due = last.elapsed() >= PROGRESS_EVERY;
+                    if due {
+                        *last = Instant::now();
+                    }
+                    due
+                };
+                if due {
+                    run.save_progress().await?;
+                }
+                Ok::<_, SyncError>(())
+            }
         })
         .collect();
-    let mut copies = futures_util::stream::iter(copies).buffer_unordered(PARALLEL_BLOBS);
-    let mut saved = Instant::now();
-    while let Some(bytes) = copies.try_next().await? {
-        run.progress.files_done += 1;
-        run.progress.bytes_done += bytes;
-        run.progress.bytes_read += bytes;
-        if saved.elapsed() >= PROGRESS_EVERY {
-            run.save_progress().await?;
-            saved = Instant::now();
-        }
-    }
-    drop(copies);
+    futures_util::stream::iter(copies)
+        .buffer_unordered(PARALLEL_BLOBS)
+        .try_collect::<Vec<()>>()
+        .await?;
     run.save_progress().await?;
 
     // Manifests deepest first, the root last with the tag: nothing is visible until all is here.
