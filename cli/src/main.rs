@@ -40,6 +40,8 @@ enum LogFormat {
     Json,
 }
 
+// Parsed once per run: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run an OCI registry that stores volumes (embedded SQLite + local files by default).

@@ -385,6 +385,10 @@ mod tests {
         assert!(!auth.rules.is_empty());
         let (_, config) = resolve(&Cli::parse_from(["x"]).serve, file).unwrap();
         assert!(matches!(config.blobs, BlobBackend::S3(_)));
+        assert_eq!(config.sync_sources.len(), 3);
+        assert!(config.sync_source_for("hf://Qwen/Qwen3-8B").is_some());
+        assert!(config.sync_source_for("s3://elsewhere/x").is_none());
+        assert_eq!(config.job_lease, Duration::from_secs(30));
         let auth = config.auth.expect("auth on");
         assert!(!format!("{auth:?}").contains("$2y$"), "hashes never print");
     }

@@ -92,13 +92,16 @@ pub fn is_safetensors_name(path: &str) -> bool {
 }
 
 /// Chunks and hashes one segment, reading it through `window`. `on_chunk` sees every chunk with its
+/// Called with each chunk cut and its bytes, in order.
+pub type OnChunk<'a, E> = dyn FnMut(&FileChunk, &[u8]) -> Result<(), E> + 'a;
+
 /// bytes as it is cut (to count progress, or to store it).
 pub fn chunk_segment<R: ReadAt>(
     reader: &mut R,
     segment: &Segment,
     cutter: &Cutter,
     window: &mut Window,
-    on_chunk: &mut dyn FnMut(&FileChunk, &[u8]) -> Result<(), R::Error>,
+    on_chunk: &mut OnChunk<'_, R::Error>,
 ) -> Result<Vec<FileChunk>, R::Error> {
     let buf = window.as_mut();
     let mut chunks = Vec::new();
@@ -162,7 +165,7 @@ pub fn chunk_file<R: ReadAt>(
     size: u64,
     cutter: &Cutter,
     window: &mut Window,
-    on_chunk: &mut dyn FnMut(&FileChunk, &[u8]) -> Result<(), R::Error>,
+    on_chunk: &mut OnChunk<'_, R::Error>,
 ) -> Result<Vec<FileChunk>, R::Error> {
     let mut chunks = Vec::new();
     let segments = plan(path, reader, size)?;

@@ -1590,6 +1590,10 @@ impl MetadataStore for SqlMetadataStore {
         .bind(now_millis())
         .execute(&self.writer)
         .await?;
+        sqlx::query("DELETE FROM job_files WHERE job_id = $1")
+            .bind(id)
+            .execute(&self.writer)
+            .await?;
         self.job_by_id(id).await
     }
 
@@ -1691,7 +1695,7 @@ impl MetadataStore for SqlMetadataStore {
         .execute(&self.writer)
         .await?;
         let recorded = done.rows_affected() > 0;
-        if recorded && matches!(outcome, JobOutcome::Done(_)) {
+        if recorded && !matches!(outcome, JobOutcome::Retry { .. }) {
             // What a finished job kept for resuming is of no more use.
             sqlx::query("DELETE FROM job_files WHERE job_id = $1")
                 .bind(id)
