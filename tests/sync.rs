@@ -286,7 +286,15 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     assert_eq!(job["attempts"], 2);
     assert_eq!(job["progress"]["bytes-read"], 1 << 20, "the second attempt read only the last file");
 
-    // The resumed job sealed what an uninterrupted copy of the same files seals.
+    // The resumed job sealed what an uninterrupted sync, and a push of the same files, seal.
+    let again = vial_ok(
+        &home,
+        &[
+            "sync", "start", "--source", "hf://acme/tiny", "--dest", &format!("{volume}:again"),
+            "--exclude", "README.md", "--exclude", ".gitattributes", "--wait",
+        ],
+    );
+    assert_eq!(digest_of(&again), digest_of(&pinned));
     let local = dir.path().join("local");
     write_files(&local, &files);
     let pushed = push_json(&home, &local, &format!("{}/weights/pushed:v1", server.addr), &[]);
