@@ -22,7 +22,11 @@ fn write_files(root: &Path, files: &[(&str, Vec<u8>)]) {
 }
 
 fn digest_of(pinned: &str) -> &str {
-    pinned.trim().rsplit_once('@').expect("a pinned reference").1
+    pinned
+        .trim()
+        .rsplit_once('@')
+        .expect("a pinned reference")
+        .1
 }
 
 /// `vial sync status --json`, parsed.
@@ -44,7 +48,10 @@ fn wait_until(
         if done(&job) {
             return job;
         }
-        assert!(Instant::now() < deadline, "sync job never got to {what}: {job}");
+        assert!(
+            Instant::now() < deadline,
+            "sync job never got to {what}: {job}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -83,20 +90,39 @@ fn a_bucket_prefix_syncs_into_the_version_vial_push_seals_from_the_same_files() 
         ),
     )
     .unwrap();
-    let server = Server::start_on(&dir.path().join("data"), &["--config", config.to_str().unwrap()]);
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
     let dest = format!("{}/weights/s3", server.addr);
 
     // A source the operator did not allow is refused before anything is queued.
     let out = vial(
         &home,
-        &["sync", "start", "--source", "s3://elsewhere/x", "--dest", &format!("{dest}:v1")],
+        &[
+            "sync",
+            "start",
+            "--source",
+            "s3://elsewhere/x",
+            "--dest",
+            &format!("{dest}:v1"),
+        ],
     );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("may not sync from s3://elsewhere/x"), "{err}");
     let out = vial(
         &home,
-        &["sync", "start", "--source", "s3://models/run-1", "--dest", &format!("{dest}:v1"), "--include", "["],
+        &[
+            "sync",
+            "start",
+            "--source",
+            "s3://models/run-1",
+            "--dest",
+            &format!("{dest}:v1"),
+            "--include",
+            "[",
+        ],
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad glob"));
@@ -104,21 +130,36 @@ fn a_bucket_prefix_syncs_into_the_version_vial_push_seals_from_the_same_files() 
     let pinned = vial_ok(
         &home,
         &[
-            "sync", "start", "--source", "s3://models/run-1", "--dest", &format!("{dest}:v1"),
-            "--exclude", "*.tmp", "--wait",
+            "sync",
+            "start",
+            "--source",
+            "s3://models/run-1",
+            "--dest",
+            &format!("{dest}:v1"),
+            "--exclude",
+            "*.tmp",
+            "--wait",
         ],
     );
     // The same files pushed from disk make the same version.
     let local = dir.path().join("local");
     write_files(&local, &files);
-    let pushed = push_json(&home, &local, &format!("{}/weights/pushed:v1", server.addr), &[]);
+    let pushed = push_json(
+        &home,
+        &local,
+        &format!("{}/weights/pushed:v1", server.addr),
+        &[],
+    );
     assert_eq!(
         digest_of(&pinned),
         digest_of(pushed["reference"].as_str().unwrap()),
         "a sync seals exactly what vial push seals from the same files"
     );
     let out = dir.path().join("pulled");
-    vial_ok(&home, &["pull", &format!("{dest}:v1"), out.to_str().unwrap()]);
+    vial_ok(
+        &home,
+        &["pull", &format!("{dest}:v1"), out.to_str().unwrap()],
+    );
     assert_same_tree(&local, &out);
 
     let jobs: serde_json::Value =
@@ -133,7 +174,15 @@ fn a_bucket_prefix_syncs_into_the_version_vial_push_seals_from_the_same_files() 
     // A prefix that holds nothing says so instead of sealing an empty version.
     let out = vial(
         &home,
-        &["sync", "start", "--source", "s3://models/no-such-run", "--dest", &format!("{dest}:v2"), "--wait"],
+        &[
+            "sync",
+            "start",
+            "--source",
+            "s3://models/no-such-run",
+            "--dest",
+            &format!("{dest}:v2"),
+            "--wait",
+        ],
     );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -150,12 +199,17 @@ client.push(target=target, files=sorted(f for f in os.listdir(".") if os.path.is
 
 #[test]
 fn a_volume_in_another_registry_is_mirrored_digest_unchanged_and_an_artifact_is_sealed() {
-    let Some(distribution) = DockerRegistry::start() else { return };
+    let Some(distribution) = DockerRegistry::start() else {
+        return;
+    };
     let Some(python) = oras_python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
     let source = Server::start();
-    let server = Server::start_on(&dir.path().join("data"), &["--sync-source", "oci://127.0.0.1"]);
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        &["--sync-source", "oci://127.0.0.1"],
+    );
     let local = dir.path().join("local");
     write_files(
         &local,
@@ -171,22 +225,43 @@ fn a_volume_in_another_registry_is_mirrored_digest_unchanged_and_an_artifact_is_
     let pinned = vial_ok(
         &home,
         &[
-            "sync", "start", "--source", &format!("oci://{}/src/vol:v1", source.addr),
-            "--dest", &format!("{}/mirror/vol:v1", server.addr), "--wait",
+            "sync",
+            "start",
+            "--source",
+            &format!("oci://{}/src/vol:v1", source.addr),
+            "--dest",
+            &format!("{}/mirror/vol:v1", server.addr),
+            "--wait",
         ],
     );
-    assert_eq!(digest_of(&pinned), volume, "a mirrored volume keeps its digest");
+    assert_eq!(
+        digest_of(&pinned),
+        volume,
+        "a mirrored volume keeps its digest"
+    );
     let out = dir.path().join("from-vial");
     vial_ok(&home, &["pull", pinned.trim(), out.to_str().unwrap()]);
     assert_same_tree(&local, &out);
 
     // From Debian's docker-registry: a volume vial pushed there, and an ORAS artifact.
-    vial_ok(&home, &["push", local.to_str().unwrap(), &format!("{}/w/vol:v1", distribution.addr)]);
+    vial_ok(
+        &home,
+        &[
+            "push",
+            local.to_str().unwrap(),
+            &format!("{}/w/vol:v1", distribution.addr),
+        ],
+    );
     let pinned = vial_ok(
         &home,
         &[
-            "sync", "start", "--source", &format!("oci://{}/w/vol:v1", distribution.addr),
-            "--dest", &format!("{}/mirror/dist:v1", server.addr), "--wait",
+            "sync",
+            "start",
+            "--source",
+            &format!("oci://{}/w/vol:v1", distribution.addr),
+            "--dest",
+            &format!("{}/mirror/dist:v1", server.addr),
+            "--wait",
         ],
     );
     assert_eq!(digest_of(&pinned), volume);
@@ -198,15 +273,31 @@ fn a_volume_in_another_registry_is_mirrored_digest_unchanged_and_an_artifact_is_
     let pinned = vial_ok(
         &home,
         &[
-            "sync", "start", "--source", &format!("oci://{}/oras/files:v1", distribution.addr),
-            "--dest", &format!("{}/mirror/oras:v1", server.addr), "--wait",
+            "sync",
+            "start",
+            "--source",
+            &format!("oci://{}/oras/files:v1", distribution.addr),
+            "--dest",
+            &format!("{}/mirror/oras:v1", server.addr),
+            "--wait",
         ],
     );
     // The artifact is mirrored under the tag; the printed reference is its sealed volume, which
     // reads back as the files, and which the tag also opens.
-    let artifact = vial_ok(&home, &["inspect", &format!("{}/mirror/oras:v1", server.addr), "--json"]);
+    let artifact = vial_ok(
+        &home,
+        &[
+            "inspect",
+            &format!("{}/mirror/oras:v1", server.addr),
+            "--json",
+        ],
+    );
     let artifact: serde_json::Value = serde_json::from_str(&artifact).unwrap();
-    assert_eq!(artifact["digest"].as_str(), Some(digest_of(&pinned)), "{artifact}");
+    assert_eq!(
+        artifact["digest"].as_str(),
+        Some(digest_of(&pinned)),
+        "{artifact}"
+    );
     let out = dir.path().join("from-oras");
     vial_ok(&home, &["pull", pinned.trim(), out.to_str().unwrap()]);
     assert_same_tree(&local, &out);
@@ -215,8 +306,13 @@ fn a_volume_in_another_registry_is_mirrored_digest_unchanged_and_an_artifact_is_
     let out = vial(
         &home,
         &[
-            "sync", "start", "--source", &format!("oci://{}/src/vol:nope", source.addr),
-            "--dest", &format!("{}/mirror/none:v1", server.addr), "--wait",
+            "sync",
+            "start",
+            "--source",
+            &format!("oci://{}/src/vol:nope", source.addr),
+            "--dest",
+            &format!("{}/mirror/none:v1", server.addr),
+            "--wait",
         ],
     );
     assert!(!out.status.success());
@@ -230,9 +326,18 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     let home = dir.path().join("home");
     let files = vec![
         ("config.json", br#"{"architectures": ["Tiny"]}"#.to_vec()),
-        ("model-00001-of-00003.safetensors", pseudo_random(2 << 20, 51)),
-        ("model-00002-of-00003.safetensors", pseudo_random(2 << 20, 52)),
-        ("model-00003-of-00003.safetensors", pseudo_random(1 << 20, 53)),
+        (
+            "model-00001-of-00003.safetensors",
+            pseudo_random(2 << 20, 51),
+        ),
+        (
+            "model-00002-of-00003.safetensors",
+            pseudo_random(2 << 20, 52),
+        ),
+        (
+            "model-00003-of-00003.safetensors",
+            pseudo_random(1 << 20, 53),
+        ),
     ];
     let mut served = files.clone();
     served.push(("README.md", b"# tiny".to_vec()));
@@ -246,7 +351,10 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     let config = dir.path().join("vial.toml");
     std::fs::write(
         &config,
-        format!("[[sync-sources]]\nprefix = \"hf://\"\nendpoint = \"{}\"\ntoken = \"hf_test\"\n", hub.endpoint()),
+        format!(
+            "[[sync-sources]]\nprefix = \"hf://\"\nendpoint = \"{}\"\ntoken = \"hf_test\"\n",
+            hub.endpoint()
+        ),
     )
     .unwrap();
     let data = dir.path().join("data");
@@ -256,8 +364,16 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     let id = vial_ok(
         &home,
         &[
-            "sync", "start", "--source", "hf://acme/tiny", "--dest", &format!("{volume}:main"),
-            "--exclude", "README.md", "--exclude", ".gitattributes",
+            "sync",
+            "start",
+            "--source",
+            "hf://acme/tiny",
+            "--dest",
+            &format!("{volume}:main"),
+            "--exclude",
+            "README.md",
+            "--exclude",
+            ".gitattributes",
         ],
     );
     let id = id.trim().to_owned();
@@ -277,37 +393,76 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
 
     let downloads = hub.downloads();
     for (path, _) in &files[..3] {
-        assert_eq!(downloads.get(*path), Some(&1), "{path} was copied again: {downloads:?}");
+        assert_eq!(
+            downloads.get(*path),
+            Some(&1),
+            "{path} was copied again: {downloads:?}"
+        );
     }
     assert_eq!(downloads.get(last), Some(&2), "{downloads:?}");
-    assert_eq!(downloads.get("README.md"), None, "excluded files are not read");
+    assert_eq!(
+        downloads.get("README.md"),
+        None,
+        "excluded files are not read"
+    );
     let job = status(&home, &volume, &id);
     assert_eq!(job["state"], "done");
     assert_eq!(job["attempts"], 2);
-    assert_eq!(job["progress"]["bytes-read"], 1 << 20, "the second attempt read only the last file");
+    assert_eq!(
+        job["progress"]["bytes-read"],
+        1 << 20,
+        "the second attempt read only the last file"
+    );
 
     // The resumed job sealed what an uninterrupted sync, and a push of the same files, seal.
     let again = vial_ok(
         &home,
         &[
-            "sync", "start", "--source", "hf://acme/tiny", "--dest", &format!("{volume}:again"),
-            "--exclude", "README.md", "--exclude", ".gitattributes", "--wait",
+            "sync",
+            "start",
+            "--source",
+            "hf://acme/tiny",
+            "--dest",
+            &format!("{volume}:again"),
+            "--exclude",
+            "README.md",
+            "--exclude",
+            ".gitattributes",
+            "--wait",
         ],
     );
     assert_eq!(digest_of(&again), digest_of(&pinned));
     let local = dir.path().join("local");
     write_files(&local, &files);
-    let pushed = push_json(&home, &local, &format!("{}/weights/pushed:v1", server.addr), &[]);
-    assert_eq!(digest_of(&pinned), digest_of(pushed["reference"].as_str().unwrap()));
+    let pushed = push_json(
+        &home,
+        &local,
+        &format!("{}/weights/pushed:v1", server.addr),
+        &[],
+    );
+    assert_eq!(
+        digest_of(&pinned),
+        digest_of(pushed["reference"].as_str().unwrap())
+    );
     let out = dir.path().join("pulled");
-    vial_ok(&home, &["pull", &format!("{volume}:main"), out.to_str().unwrap()]);
+    vial_ok(
+        &home,
+        &["pull", &format!("{volume}:main"), out.to_str().unwrap()],
+    );
     assert_same_tree(&local, &out);
 
     // A cancelled sync stops, says who cancelled it, and never moves its tag.
     hub.hold(last);
     let id = vial_ok(
         &home,
-        &["sync", "start", "--source", "hf://acme/tiny@main", "--dest", &format!("{volume}:cancelled")],
+        &[
+            "sync",
+            "start",
+            "--source",
+            "hf://acme/tiny@main",
+            "--dest",
+            &format!("{volume}:cancelled"),
+        ],
     );
     let id = id.trim().to_owned();
     wait_until(&home, &volume, &id, "its held file", |j| {
@@ -317,7 +472,10 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     hub.release();
     let job = status(&home, &volume, &id);
     assert_eq!(job["state"], "failed");
-    assert!(job["error"].as_str().unwrap().contains("cancelled by"), "{job}");
+    assert!(
+        job["error"].as_str().unwrap().contains("cancelled by"),
+        "{job}"
+    );
     let out = vial(&home, &["sync", "status", &volume, &id, "--wait"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cancelled"));

@@ -10,8 +10,8 @@ mod login;
 mod mount;
 mod push;
 mod seal;
-mod sync;
 mod serve;
+mod sync;
 mod tag;
 
 use std::process::ExitCode;

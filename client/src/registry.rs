@@ -1018,12 +1018,18 @@ impl Registry {
         }
     }
 
-/// Asks the registry to copy a remote source into a sealed version of `repo` (vial's sync
+    /// Asks the registry to copy a remote source into a sealed version of `repo` (vial's sync
     /// extension) and returns the queued job.
-    pub async fn sync_start(&self, repo: &RepoName, spec: &SyncRequest) -> Result<SyncJob, ClientError> {
+    pub async fn sync_start(
+        &self,
+        repo: &RepoName,
+        spec: &SyncRequest,
+    ) -> Result<SyncJob, ClientError> {
         let url = self.url(&format!("/v2/{repo}/_vial/sync"));
         let r = self
-            .send(&Self::scope(repo, true), "sync", |c| c.post(&url).json(spec))
+            .send(&Self::scope(repo, true), "sync", |c| {
+                c.post(&url).json(spec)
+            })
             .await?;
         match r.status() {
             s if s.is_success() => r.json().await.map_err(|e| self.transport(e)),
@@ -1070,7 +1076,10 @@ impl Registry {
         let url = self.url(&format!("/v2/{repo}/_vial/sync"));
         let jobs: Option<Jobs> = self.get_extension(repo, &url, "sync listing").await?;
         jobs.map(|j| j.jobs).ok_or_else(|| {
-            ClientError::Invalid(format!("{} cannot run sync jobs (not a vial registry?)", self.host()))
+            ClientError::Invalid(format!(
+                "{} cannot run sync jobs (not a vial registry?)",
+                self.host()
+            ))
         })
     }
 
@@ -1082,7 +1091,9 @@ impl Registry {
             .await?;
         match r.status() {
             StatusCode::OK => r.json().await.map_err(|e| self.transport(e)),
-            _ => Err(self.error(r, &format!("cancel of sync job {id} in {repo}")).await),
+            _ => Err(self
+                .error(r, &format!("cancel of sync job {id} in {repo}"))
+                .await),
         }
     }
 

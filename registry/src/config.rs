@@ -203,7 +203,12 @@ impl std::fmt::Debug for SyncSource {
             .field("prefix", &self.prefix)
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
-            .field("has_credentials", &(self.secret_access_key.is_some() || self.token.is_some() || self.password.is_some()))
+            .field(
+                "has_credentials",
+                &(self.secret_access_key.is_some()
+                    || self.token.is_some()
+                    || self.password.is_some()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -214,7 +219,10 @@ impl SyncSource {
         let prefix = self.prefix.as_str();
         source == prefix.trim_end_matches('/')
             || source.strip_prefix(prefix).is_some_and(|rest| {
-                prefix.ends_with('/') || rest.starts_with('/') || rest.starts_with(':') || rest.starts_with('@')
+                prefix.ends_with('/')
+                    || rest.starts_with('/')
+                    || rest.starts_with(':')
+                    || rest.starts_with('@')
             })
     }
 }
@@ -239,7 +247,8 @@ impl Secret {
     /// The secret's value, read now (a rotated file is picked up by the next job).
     pub fn reveal(&self) -> Result<String, String> {
         if let Some(name) = self.0.strip_prefix("env:") {
-            return std::env::var(name).map_err(|_| format!("environment variable {name} is not set"));
+            return std::env::var(name)
+                .map_err(|_| format!("environment variable {name} is not set"));
         }
         if let Some(path) = self.0.strip_prefix("file:") {
             return std::fs::read_to_string(path)
@@ -396,15 +405,29 @@ mod tests {
             prefix: prefix.into(),
             ..SyncSource::default()
         };
-        c.sync_sources = vec![entry("s3://models"), entry("s3://models/prod/"), entry("hf://"), entry("oci://ghcr.io/acme")];
+        c.sync_sources = vec![
+            entry("s3://models"),
+            entry("s3://models/prod/"),
+            entry("hf://"),
+            entry("oci://ghcr.io/acme"),
+        ];
         let prefix = |s: &str| c.sync_source_for(s).map(|e| e.prefix.clone());
         assert_eq!(prefix("s3://models").as_deref(), Some("s3://models"));
         assert_eq!(prefix("s3://models/x").as_deref(), Some("s3://models"));
-        assert_eq!(prefix("s3://models/prod/llama").as_deref(), Some("s3://models/prod/"));
+        assert_eq!(
+            prefix("s3://models/prod/llama").as_deref(),
+            Some("s3://models/prod/")
+        );
         assert_eq!(prefix("s3://models2/x"), None);
         assert_eq!(prefix("hf://org/repo@main").as_deref(), Some("hf://"));
-        assert_eq!(prefix("oci://ghcr.io/acme:v1").as_deref(), Some("oci://ghcr.io/acme"));
-        assert_eq!(prefix("oci://ghcr.io/acme/w:v1").as_deref(), Some("oci://ghcr.io/acme"));
+        assert_eq!(
+            prefix("oci://ghcr.io/acme:v1").as_deref(),
+            Some("oci://ghcr.io/acme")
+        );
+        assert_eq!(
+            prefix("oci://ghcr.io/acme/w:v1").as_deref(),
+            Some("oci://ghcr.io/acme")
+        );
         assert_eq!(prefix("oci://ghcr.io/acmex:v1"), None);
         assert_eq!(prefix("oci://evil.example/x:v1"), None);
     }
@@ -412,9 +435,14 @@ mod tests {
     #[test]
     fn secrets_never_print_and_come_from_where_they_say() {
         std::env::set_var("VIAL_TEST_SECRET_X", "from-env");
-        assert_eq!(Secret::new("env:VIAL_TEST_SECRET_X").reveal().unwrap(), "from-env");
+        assert_eq!(
+            Secret::new("env:VIAL_TEST_SECRET_X").reveal().unwrap(),
+            "from-env"
+        );
         assert_eq!(Secret::new("plain").reveal().unwrap(), "plain");
-        assert!(Secret::new("env:VIAL_TEST_SECRET_MISSING").reveal().is_err());
+        assert!(Secret::new("env:VIAL_TEST_SECRET_MISSING")
+            .reveal()
+            .is_err());
         let s = SyncSource {
             prefix: "s3://b".into(),
             secret_access_key: Some(Secret::new("hunter2")),

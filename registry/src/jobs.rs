@@ -54,7 +54,11 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             break;
         };
-        let job = match state.meta.claim_job(state.config.job_lease.as_millis() as i64).await {
+        let job = match state
+            .meta
+            .claim_job(state.config.job_lease.as_millis() as i64)
+            .await
+        {
             Ok(job) => job,
             Err(e) => {
                 tracing::warn!(error = %error_chain(&e), "could not look for jobs");
@@ -96,7 +100,11 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
                 tokio::time::sleep(state.config.job_lease / 3).await;
                 match state
                     .meta
-                    .renew_job(&job.id, job.attempts, state.config.job_lease.as_millis() as i64)
+                    .renew_job(
+                        &job.id,
+                        job.attempts,
+                        state.config.job_lease.as_millis() as i64,
+                    )
                     .await
                 {
                     Ok(true) => {}

@@ -15,8 +15,8 @@ mod listener;
 mod metrics;
 pub mod route;
 mod seal;
-pub mod sync;
 pub mod storage;
+pub mod sync;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -198,11 +198,18 @@ pub(crate) async fn commit_layout(
     publish: &Publish,
 ) -> Result<(), CommitManifestError> {
     put_blob(state, repo, &layout.tree.digest, layout.tree.bytes.clone()).await?;
-    let empty = Digest::parse(media::OCI_EMPTY_DIGEST)
-        .map_err(|e| StorageError::Corrupt(e.to_string()))?;
+    let empty =
+        Digest::parse(media::OCI_EMPTY_DIGEST).map_err(|e| StorageError::Corrupt(e.to_string()))?;
     put_blob(state, repo, &empty, b"{}".to_vec()).await?;
     for manifest in layout.parts.iter().chain([&layout.tree_manifest]) {
-        commit_manifest(state, repo, media::OCI_MANIFEST, manifest, &Publish::default()).await?;
+        commit_manifest(
+            state,
+            repo,
+            media::OCI_MANIFEST,
+            manifest,
+            &Publish::default(),
+        )
+        .await?;
     }
     commit_manifest(state, repo, media::OCI_INDEX, &layout.index, publish).await
 }

@@ -119,7 +119,10 @@ fn serve(conn: TcpStream, shared: &(Mutex<State>, Condvar)) -> std::io::Result<(
     };
     let (repo, listing_prefix) = {
         let state = shared.0.lock().unwrap();
-        (state.repo.clone(), format!("/api/models/{}/revision/", state.repo))
+        (
+            state.repo.clone(),
+            format!("/api/models/{}/revision/", state.repo),
+        )
     };
     if method == "GET" && path.starts_with(&listing_prefix) {
         let state = shared.0.lock().unwrap();
@@ -160,10 +163,22 @@ fn serve(conn: TcpStream, shared: &(Mutex<State>, Condvar)) -> std::io::Result<(
         }
         let Some(content) = state.files.get(&file).cloned() else {
             drop(state);
-            return respond(&mut out, "404 Not Found", "text/plain", b"no such file", head);
+            return respond(
+                &mut out,
+                "404 Not Found",
+                "text/plain",
+                b"no such file",
+                head,
+            );
         };
         drop(state);
-        return respond(&mut out, "200 OK", "application/octet-stream", &content, head);
+        return respond(
+            &mut out,
+            "200 OK",
+            "application/octet-stream",
+            &content,
+            head,
+        );
     }
     respond(&mut out, "404 Not Found", "text/plain", b"not found", false)
 }

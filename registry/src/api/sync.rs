@@ -170,18 +170,17 @@ pub(super) async fn sync_cancel(
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             ErrorCode::Denied,
-            format!("sync job {id} has already {}", match job.state {
-                JobState::Done => "finished",
-                _ => "failed",
-            }),
+            format!(
+                "sync job {id} has already {}",
+                match job.state {
+                    JobState::Done => "finished",
+                    _ => "failed",
+                }
+            ),
         ));
     }
     let reason = format!("cancelled by {}", subject.unwrap_or("an anonymous user"));
-    let job = state
-        .meta
-        .cancel_job(id, &reason)
-        .await?
-        .unwrap_or(job);
+    let job = state.meta.cancel_job(id, &reason).await?.unwrap_or(job);
     tracing::info!(%repo, job = %id, by = subject.unwrap_or("anonymous"), "sync cancelled");
     Ok(json(StatusCode::OK, &view(&job)))
 }

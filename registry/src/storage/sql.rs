@@ -39,7 +39,8 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "lifecycle",
         include_str!("../../../migrations/sqlite/0003_lifecycle.sql"),
-    ),    (
+    ),
+    (
         4,
         "sync",
         include_str!("../../../migrations/sqlite/0004_sync.sql"),
@@ -60,7 +61,8 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         3,
         "lifecycle",
         include_str!("../../../migrations/postgres/0003_lifecycle.sql"),
-    ),    (
+    ),
+    (
         4,
         "sync",
         include_str!("../../../migrations/postgres/0004_sync.sql"),

@@ -109,8 +109,9 @@ impl Source {
             });
         }
         if let Some(rest) = source.strip_prefix("oci://") {
-            let reference = Reference::parse(rest)
-                .map_err(|e| format!("{source:?}: expected oci://HOST/REPOSITORY:TAG or @DIGEST: {e}"))?;
+            let reference = Reference::parse(rest).map_err(|e| {
+                format!("{source:?}: expected oci://HOST/REPOSITORY:TAG or @DIGEST: {e}")
+            })?;
             if reference.tag().is_none() && reference.digest().is_none() {
                 return Err(format!("{source:?}: name a tag or a digest to copy"));
             }
@@ -126,13 +127,17 @@ impl Source {
                 !p.is_empty()
                     && p != "."
                     && p != ".."
-                    && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+                    && p.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
             };
             let parts: Vec<&str> = repo.split('/').collect();
             if parts.is_empty() || parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
                 return Err(format!("{source:?}: expected hf://ORG/REPO[@REVISION] or hf://datasets/ORG/REPO[@REVISION]"));
             }
-            if revision.is_empty() || revision.contains("..") || revision.bytes().any(|b| b.is_ascii_control()) {
+            if revision.is_empty()
+                || revision.contains("..")
+                || revision.bytes().any(|b| b.is_ascii_control())
+            {
                 return Err(format!("{source:?}: {revision:?} is not a revision"));
             }
             return Ok(Source::Hf {
@@ -280,12 +285,7 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
             revision,
         } => {
             let hub = remote::HubSource::new(&entry, kind, &repo)?;
-            sync_files(
-                &run,
-                &spec,
-                &remote::Remote::Hub(hub, revision.clone()),
-            )
-            .await
+            sync_files(&run, &spec, &remote::Remote::Hub(hub, revision.clone())).await
         }
     }
 }
@@ -565,9 +565,16 @@ mod tests {
 
     #[test]
     fn filters_include_then_exclude() {
-        let f = Filter::new(&["*.safetensors".into(), "config.json".into()], &["*.bin".into(), "old/*".into()]).unwrap();
+        let f = Filter::new(
+            &["*.safetensors".into(), "config.json".into()],
+            &["*.bin".into(), "old/*".into()],
+        )
+        .unwrap();
         assert!(f.wants("model-00001-of-00002.safetensors"));
-        assert!(f.wants("sub/dir/x.safetensors"), "* crosses / as the Hub's patterns do");
+        assert!(
+            f.wants("sub/dir/x.safetensors"),
+            "* crosses / as the Hub's patterns do"
+        );
         assert!(f.wants("config.json"));
         assert!(!f.wants("pytorch_model.bin"));
         assert!(!f.wants("old/x.safetensors"));

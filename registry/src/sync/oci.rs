@@ -142,7 +142,9 @@ pub(super) async fn sync(
                     p.bytes_read += bytes;
                 }
                 let due = {
-                    let mut last = saved.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut last = saved
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     let due = last.elapsed() >= PROGRESS_EVERY;
                     if due {
                         *last = Instant::now();

@@ -151,7 +151,9 @@ impl S3Source {
                 .set_continuation_token(token.take())
                 .send()
                 .await
-                .map_err(|e| s3_error(&format!("listing s3://{}/{}", self.bucket, self.prefix), e))?;
+                .map_err(|e| {
+                    s3_error(&format!("listing s3://{}/{}", self.bucket, self.prefix), e)
+                })?;
             for object in page.contents() {
                 let Some(key) = object.key() else { continue };
                 let Some(path) = key.strip_prefix(&self.prefix) else {
@@ -338,7 +340,11 @@ impl HubSource {
     }
 
     fn file_url(&self, revision: &str, path: &str) -> String {
-        let prefix = if self.kind == "datasets" { "datasets/" } else { "" };
+        let prefix = if self.kind == "datasets" {
+            "datasets/"
+        } else {
+            ""
+        };
         let path: Vec<String> = path.split('/').map(encode).collect();
         format!(
             "{}/{prefix}{}/resolve/{}/{}",
@@ -361,7 +367,9 @@ impl HubSource {
             .timeout(Duration::from_secs(60))
             .send()
             .await
-            .map_err(|e| SyncError::source(format!("asking the Hub for the size of {path}: {e}"), true))?;
+            .map_err(|e| {
+                SyncError::source(format!("asking the Hub for the size of {path}: {e}"), true)
+            })?;
         let response = check(response, path)?;
         let header = |name: &str| {
             response
