@@ -13,6 +13,7 @@ mod auth;
 mod backends;
 mod bad_input;
 mod conformance;
+mod containerd;
 mod copy;
 mod crash;
 mod docker_registry;

@@ -479,11 +479,14 @@ fn a_malicious_tree_is_refused_and_nothing_is_written_outside() {
     let base = server.url();
     let repo = "weights/evil";
     crate::support::push_blob(&client, &base, repo, b"{}");
-    crate::support::push_blob(&client, &base, repo, &layout.tree.bytes);
-    for (m, ty) in [
-        (&layout.tree_manifest, vial_core::media::OCI_MANIFEST),
-        (&layout.index, vial_core::media::OCI_INDEX),
-    ] {
+    for blob in layout.blobs() {
+        crate::support::push_blob(&client, &base, repo, &blob.bytes);
+    }
+    let manifests = layout
+        .child_manifests()
+        .map(|m| (m, vial_core::media::OCI_MANIFEST))
+        .chain([(&layout.index, vial_core::media::OCI_INDEX)]);
+    for (m, ty) in manifests {
         let r = client
             .put(format!("{base}/v2/{repo}/manifests/{}", m.digest))
             .header("content-type", ty)

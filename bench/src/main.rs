@@ -8,6 +8,7 @@ mod backends;
 mod blobs;
 mod ceiling;
 mod checkpoint;
+mod containerd;
 mod data;
 mod manifests;
 mod mount;
@@ -42,6 +43,9 @@ enum Command {
     /// `vial mount`: mount time, time to first tensor, cold and warm full reads against
     /// `vial pull`, skopeo and local disk, and the mount process's memory.
     Mount(mount::MountArgs),
+    /// containerd: pull to the first byte of a file, a volume through `vial snapshotter` against
+    /// the same files baked into an image layer on overlayfs.
+    Containerd(containerd::ContainerdArgs),
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +147,7 @@ fn main() -> Result<()> {
                 Command::Push(args) => push::push(args).await,
                 Command::Mount(args) => mount::mount(args).await,
                 Command::Backends(args) => backends::backends(args).await,
+                Command::Containerd(args) => containerd::containerd(args).await,
             }
         };
         tokio::select! {

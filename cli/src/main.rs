@@ -2,6 +2,7 @@
 //! subcommands, each in its own module.
 
 mod common;
+mod containerd;
 mod copy;
 mod gc;
 mod info;
@@ -79,6 +80,10 @@ enum Command {
     Mount(mount::MountArgs),
     /// Unmount a volume mounted with `vial mount`.
     Umount(mount::UmountArgs),
+    /// Serve containerd's snapshotter API: volumes mounted lazily at container start.
+    Snapshotter(containerd::SnapshotterArgs),
+    /// Work with containerd: pull a volume through vial's snapshotter.
+    Containerd(containerd::ContainerdArgs),
 }
 
 fn main() -> ExitCode {
@@ -119,6 +124,8 @@ fn main() -> ExitCode {
         Command::Login(args) => login::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Umount(args) => mount::run_umount(args),
+        Command::Snapshotter(args) => containerd::run_snapshotter(args),
+        Command::Containerd(args) => containerd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

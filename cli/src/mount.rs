@@ -83,7 +83,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// `$XDG_CACHE_HOME/vial/cache`, else `~/.cache/vial/cache`, else `/var/cache/vial`.
-fn default_cache_dir() -> PathBuf {
+pub fn default_cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("vial/cache");
     }

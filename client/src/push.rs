@@ -468,13 +468,15 @@ async fn upload_chunk(
 async fn seal(registry: &Registry, repo: &RepoName, layout: &Layout) -> Result<(), ClientError> {
     let empty =
         Digest::parse(media::OCI_EMPTY_DIGEST).map_err(|e| ClientError::Invalid(e.to_string()))?;
-    for (digest, bytes) in [
-        (&empty, Bytes::from_static(b"{}")),
-        (&layout.tree.digest, Bytes::from(layout.tree.bytes.clone())),
-    ] {
-        let present = registry
-            .present_blobs(repo, std::slice::from_ref(digest))
-            .await?;
+    let mut blobs = vec![(&empty, Bytes::from_static(b"{}"))];
+    blobs.extend(
+        layout
+            .blobs()
+            .map(|b| (&b.digest, Bytes::from(b.bytes.clone()))),
+    );
+    let digests: Vec<Digest> = blobs.iter().map(|(d, _)| (*d).clone()).collect();
+    let present = registry.present_blobs(repo, &digests).await?;
+    for (digest, bytes) in blobs {
         if !present.contains(digest) {
             registry.push_blob(repo, digest, bytes).await?;
         }
@@ -500,15 +502,17 @@ async fn seal(registry: &Registry, repo: &RepoName, layout: &Layout) -> Result<(
     for p in parts {
         p?;
     }
-    registry
-        .put_manifest(
-            repo,
-            layout.tree_manifest.digest.as_str(),
-            media::OCI_MANIFEST,
-            Bytes::from(layout.tree_manifest.bytes.clone()),
-            None,
-        )
-        .await?;
+    for manifest in std::iter::once(&layout.tree_manifest).chain(&layout.images) {
+        registry
+            .put_manifest(
+                repo,
+                manifest.digest.as_str(),
+                media::OCI_MANIFEST,
+                Bytes::from(manifest.bytes.clone()),
+                None,
+            )
+            .await?;
+    }
     registry
         .put_manifest(
             repo,

@@ -82,7 +82,11 @@ pub async fn open(
     };
     // The tree blob and the part manifests (the chunk table) in one parallel wave.
     let tree_fetch = registry.get_blob(repo, &tree_digest, None);
-    let part_fetches = futures_util::stream::iter(index.parts.iter())
+    // The futures are built up front: a stream of borrowing closures would not be `Send` for
+    // every lifetime, which callers that spawn this (the snapshotter's gRPC service) need.
+    let part_futures: Vec<_> = index
+        .parts
+        .iter()
         .map(|p| async move {
             let m = registry
                 .get_manifest(repo, &Target::Digest(p.digest.clone()))
@@ -92,6 +96,8 @@ pub async fn open(
                 })?;
             chunks_from_part(&m.bytes).map_err(|e| ClientError::InvalidVolume(e.to_string()))
         })
+        .collect();
+    let part_fetches = futures_util::stream::iter(part_futures)
         .buffered(16)
         .collect::<Vec<_>>();
     let (tree_bytes, parts) = futures_util::future::join(tree_fetch, part_fetches).await;

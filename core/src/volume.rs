@@ -19,6 +19,10 @@ pub const TREE_ARTIFACT_TYPE: &str = "application/vnd.vial.tree.v1";
 pub const TREE_MEDIA_TYPE: &str = "application/vnd.vial.tree.v1+json";
 pub const CHUNKS_ARTIFACT_TYPE: &str = "application/vnd.vial.chunks.v1";
 pub const CHUNK_MEDIA_TYPE: &str = "application/vnd.vial.chunk.v1";
+/// The artifactType an index gives its image-shaped manifests: the volume as containerd sees it.
+pub const IMAGE_ARTIFACT_TYPE: &str = "application/vnd.vial.image.v1";
+/// The platforms a volume's image-shaped manifests are listed for (the files are the same).
+pub const IMAGE_PLATFORMS: [&str; 2] = ["amd64", "arm64"];
 
 pub const ANNOTATION_FORMAT: &str = "dev.vial.volume.format";
 pub const ANNOTATION_FILES: &str = "dev.vial.volume.files";
@@ -403,8 +407,39 @@ pub struct Layout {
     pub tree: Blob,
     pub tree_manifest: Blob,
     pub parts: Vec<Blob>,
+    /// The volume as an image, one per platform of [`IMAGE_PLATFORMS`]: an image config whose
+    /// one layer is the tree blob, and the manifest naming both (for containerd's snapshotter).
+    pub image_configs: Vec<Blob>,
+    pub images: Vec<Blob>,
     /// The top-level index: its digest is the version's digest.
     pub index: Blob,
+}
+
+impl Layout {
+    /// The blobs besides chunks and the empty config: the tree and the image configs.
+    pub fn blobs(&self) -> impl Iterator<Item = &Blob> {
+        std::iter::once(&self.tree).chain(&self.image_configs)
+    }
+
+    /// The manifests the index names, parts first.
+    pub fn child_manifests(&self) -> impl Iterator<Item = &Blob> {
+        self.parts
+            .iter()
+            .chain(std::iter::once(&self.tree_manifest))
+            .chain(&self.images)
+    }
+}
+
+/// The image config of a volume's image-shaped manifest: one layer, whose uncompressed content is
+/// the tree blob itself, so its diff ID (and the snapshot's chain ID) is the tree's digest.
+fn image_config(architecture: &str, tree: &Blob) -> Blob {
+    // Written out rather than through a JSON map, so the bytes (and so the digests) do not depend
+    // on a map's key order. `architecture` is one of IMAGE_PLATFORMS, a digest is hex.
+    let config = format!(
+        r#"{{"architecture":"{architecture}","os":"linux","config":{{}},"rootfs":{{"type":"layers","diff_ids":["{}"]}}}}"#,
+        tree.digest
+    );
+    Blob::new(config.into_bytes())
 }
 
 fn empty_config() -> Descriptor {
@@ -503,6 +538,25 @@ pub fn build_layout_for(tree: &Tree, subject: Option<Descriptor>) -> Layout {
             image_manifest(CHUNKS_ARTIFACT_TYPE, layers)
         })
         .collect();
+    let image_configs: Vec<Blob> = IMAGE_PLATFORMS
+        .iter()
+        .map(|arch| image_config(arch, &tree_blob))
+        .collect();
+    let images: Vec<Blob> = image_configs
+        .iter()
+        .map(|config| {
+            let m = ImageManifest {
+                schema_version: 2,
+                media_type: Some(media::OCI_MANIFEST.to_owned()),
+                artifact_type: None,
+                config: descriptor(media::OCI_CONFIG, config, None),
+                layers: vec![descriptor(TREE_MEDIA_TYPE, &tree_blob, None)],
+                subject: None,
+                annotations: None,
+            };
+            Blob::new(serde_json::to_vec(&m).unwrap_or_default())
+        })
+        .collect();
     let mut manifests = vec![descriptor(
         media::OCI_MANIFEST,
         &tree_manifest,
@@ -513,6 +567,13 @@ pub fn build_layout_for(tree: &Tree, subject: Option<Descriptor>) -> Layout {
             .iter()
             .map(|p| descriptor(media::OCI_MANIFEST, p, Some(CHUNKS_ARTIFACT_TYPE))),
     );
+    // Last, with platforms: containerd picks the manifest for its platform from an index and, with
+    // the parts listed without one, takes only that (docs/format.md, "The volume as an image").
+    manifests.extend(IMAGE_PLATFORMS.iter().zip(&images).map(|(arch, image)| {
+        let mut d = descriptor(media::OCI_MANIFEST, image, Some(IMAGE_ARTIFACT_TYPE));
+        d.platform = Some(serde_json::json!({ "architecture": arch, "os": "linux" }));
+        d
+    }));
     let annotations = BTreeMap::from([
         (ANNOTATION_FORMAT.to_owned(), FORMAT_VERSION.to_string()),
         (ANNOTATION_FILES.to_owned(), tree.file_count().to_string()),
@@ -532,6 +593,8 @@ pub fn build_layout_for(tree: &Tree, subject: Option<Descriptor>) -> Layout {
         tree: tree_blob,
         tree_manifest,
         parts,
+        image_configs,
+        images,
         index: Blob::new(serde_json::to_vec(&index).unwrap_or_default()),
     }
 }

@@ -197,11 +197,13 @@ pub(crate) async fn commit_layout(
     layout: &Layout,
     publish: &Publish,
 ) -> Result<(), CommitManifestError> {
-    put_blob(state, repo, &layout.tree.digest, layout.tree.bytes.clone()).await?;
+    for blob in layout.blobs() {
+        put_blob(state, repo, &blob.digest, blob.bytes.clone()).await?;
+    }
     let empty =
         Digest::parse(media::OCI_EMPTY_DIGEST).map_err(|e| StorageError::Corrupt(e.to_string()))?;
     put_blob(state, repo, &empty, b"{}".to_vec()).await?;
-    for manifest in layout.parts.iter().chain([&layout.tree_manifest]) {
+    for manifest in layout.child_manifests() {
         commit_manifest(
             state,
             repo,

@@ -10,6 +10,7 @@
 //! Start at [`mount::run`]; the FUSE operations are in `fs.rs`, the cache in [`cache`].
 
 pub mod cache;
+pub mod containerd;
 mod errno;
 mod fetch;
 mod fs;

@@ -52,6 +52,8 @@ pub struct Mounted {
     cache: Arc<ChunkCache>,
     done: std::sync::mpsc::Receiver<std::io::Result<()>>,
     lease: crate::lease::LeaseKeeper,
+    /// How the session ended, when [`Mounted::unmount`] already saw it end.
+    ended: Option<std::io::Result<()>>,
     pub mountpoint: PathBuf,
 }
 
@@ -65,14 +67,42 @@ impl std::fmt::Debug for Mounted {
 
 impl Mounted {
     /// Unmounts (idempotent: an external `umount` may have happened already).
+    ///
+    /// With `auto_unmount`, fuser's unmount only closes the socket fusermount3 watches, and
+    /// fusermount3 leaves alone a mount whose daemon is still alive; so if the session has not
+    /// ended shortly after, the mount is detached the way `vial umount --lazy` does it.
     pub fn unmount(&mut self) {
         if let Err(e) = self.unmounter.unmount() {
             tracing::warn!(error = %e, mountpoint = %self.mountpoint.display(), "unmount failed");
         }
+        match self.done.recv_timeout(Duration::from_millis(300)) {
+            Ok(result) => {
+                self.ended = Some(result);
+                return;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        for (tool, flags) in [("fusermount3", ["-u", "-z"]), ("umount", ["-l", ""])] {
+            let flags: Vec<&str> = flags.into_iter().filter(|f| !f.is_empty()).collect();
+            let ok = std::process::Command::new(tool)
+                .args(&flags)
+                .arg(&self.mountpoint)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok {
+                return;
+            }
+        }
+        tracing::warn!(mountpoint = %self.mountpoint.display(), "could not detach the mount");
     }
 
     /// Blocks until the filesystem is unmounted, by us or by someone else.
-    pub fn wait(&self) -> std::io::Result<()> {
+    pub fn wait(&mut self) -> std::io::Result<()> {
+        if let Some(result) = self.ended.take() {
+            return result;
+        }
         self.done.recv().unwrap_or(Ok(()))
     }
 
@@ -201,6 +231,7 @@ pub fn mount(
         cache,
         done,
         lease,
+        ended: None,
         mountpoint: mountpoint.to_owned(),
     })
 }

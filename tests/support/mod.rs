@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod conformance;
+pub mod containerd;
 pub mod hub;
 pub mod model;
 pub mod mount;

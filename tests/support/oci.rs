@@ -73,3 +73,47 @@ pub fn write_layout(layout: &Path, tag: &str, layer_sizes: &[usize], seed: u64) 
     .unwrap();
     manifest_digest
 }
+
+/// Writes an OCI layout with one runnable image tagged `tag`: one uncompressed tar layer and a
+/// config whose diff ID is the layer's digest. Returns the manifest's digest.
+pub fn write_image_layout(layout: &Path, tag: &str, layer: &[u8]) -> Digest {
+    std::fs::create_dir_all(layout).unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let layer_digest = write_blob(layout, layer);
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    }))
+    .unwrap();
+    let config_digest = write_blob(layout, &config);
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_MANIFEST,
+        "config": {"mediaType": media::OCI_CONFIG, "digest": config_digest, "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer.len()}],
+    }))
+    .unwrap();
+    let manifest_digest = write_blob(layout, &manifest);
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_INDEX,
+        "manifests": [{
+            "mediaType": media::OCI_MANIFEST,
+            "digest": manifest_digest,
+            "size": manifest.len(),
+            "annotations": {"org.opencontainers.image.ref.name": tag},
+        }],
+    });
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    manifest_digest
+}

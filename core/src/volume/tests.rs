@@ -216,7 +216,54 @@ fn a_one_tib_volume_of_100k_files_keeps_every_manifest_under_4_mib() {
     );
     let parsed = VolumeIndex::parse(&layout.index.bytes).unwrap();
     assert_eq!(parsed.tree.as_ref(), Some(&layout.tree.digest));
-    assert_eq!(parsed.index.manifests.len(), layout.parts.len() + 1);
+    assert_eq!(
+        parsed.index.manifests.len(),
+        layout.parts.len() + 1 + IMAGE_PLATFORMS.len()
+    );
+    assert_eq!(parsed.parts.len(), layout.parts.len());
+}
+
+#[test]
+fn a_volume_also_presents_itself_as_a_one_layer_image_per_platform() {
+    let tree = sample(&[0, 1, 2]);
+    let layout = build_layout(&tree);
+    let index: serde_json::Value = serde_json::from_slice(&layout.index.bytes).unwrap();
+    let images: Vec<&serde_json::Value> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["artifactType"] == IMAGE_ARTIFACT_TYPE)
+        .collect();
+    assert_eq!(images.len(), 2);
+    for (descriptor, arch) in images.iter().zip(IMAGE_PLATFORMS) {
+        assert_eq!(descriptor["platform"]["architecture"], arch);
+        assert_eq!(descriptor["platform"]["os"], "linux");
+        let manifest = layout
+            .images
+            .iter()
+            .find(|m| m.digest.as_str() == descriptor["digest"])
+            .unwrap();
+        let m: ImageManifest = serde_json::from_slice(&manifest.bytes).unwrap();
+        assert_eq!(m.artifact_type, None, "an ordinary image manifest");
+        assert_eq!(m.layers.len(), 1);
+        assert_eq!(m.layers[0].digest, layout.tree.digest);
+        assert_eq!(m.layers[0].media_type, TREE_MEDIA_TYPE);
+        let config = layout
+            .image_configs
+            .iter()
+            .find(|c| c.digest == m.config.digest)
+            .unwrap();
+        // The exact bytes docs/format.md specifies.
+        let expected = format!(
+            r#"{{"architecture":"{arch}","os":"linux","config":{{}},"rootfs":{{"type":"layers","diff_ids":["{}"]}}}}"#,
+            layout.tree.digest
+        );
+        assert_eq!(String::from_utf8_lossy(&config.bytes), expected);
+    }
+    // Readers of the volume do not see them.
+    let parsed = VolumeIndex::parse(&layout.index.bytes).unwrap();
+    assert_eq!(parsed.parts.len(), layout.parts.len());
+    assert_eq!(parsed.tree_manifest.digest, layout.tree_manifest.digest);
 }
 
 #[test]

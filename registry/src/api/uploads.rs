@@ -375,6 +375,12 @@ async fn append(
         .ok_or_else(|| ApiError::upload_unknown(id))?;
     if let Some(start) = start {
         if start != current {
+            // A small chunk is read and dropped before the refusal, so the client, still sending
+            // it, reads the 416 instead of a reset connection; a large one is cut short.
+            if declared_len.is_some_and(|n| n <= DRAIN_LIMIT) {
+                let mut stream = body.into_data_stream();
+                while let Some(Ok(_)) = futures_util::StreamExt::next(&mut stream).await {}
+            }
             return Err(out_of_order(current, start));
         }
     }
@@ -491,6 +497,9 @@ fn declared_length(req: &Request, range: Option<(u64, u64)>) -> Result<Option<u6
         (r, l) => Ok(r.or(l)),
     }
 }
+
+/// Largest refused chunk the registry still reads to the end (see `append`).
+const DRAIN_LIMIT: u64 = 4 << 20;
 
 fn out_of_order(current: u64, start: u64) -> ApiError {
     ApiError::new(
