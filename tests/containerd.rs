@@ -89,6 +89,39 @@ fn volumes_mount_lazily_in_containerd_and_ordinary_images_still_run() {
         "hello from vial",
     ]);
     assert_eq!(out.trim(), "hello from vial");
+    // The same image through `vial containerd pull`, into another namespace: its layer is
+    // downloaded and applied by containerd's differ, and it runs.
+    let address = ctd.socket.to_str().unwrap().to_owned();
+    let report: serde_json::Value = serde_json::from_str(&vial_ok(
+        &home,
+        &[
+            "containerd",
+            "pull",
+            &image,
+            "--address",
+            &address,
+            "--namespace",
+            "other",
+            "--json",
+        ],
+    ))
+    .unwrap();
+    assert_eq!(report["volume"], false, "{report}");
+    assert_eq!(report["layers_unpacked"], 1);
+    let out = ctd.ctr_ok(&[
+        "--namespace",
+        "other",
+        "run",
+        "--rm",
+        "--snapshotter",
+        "vial",
+        &image,
+        "hello2",
+        "/bin/busybox",
+        "echo",
+        "pulled by vial",
+    ]);
+    assert_eq!(out.trim(), "pulled by vial");
 
     // A volume: pulled lazily, nothing of it fetched until read.
     let local = dir.path().join("weights");
@@ -99,7 +132,6 @@ fn volumes_mount_lazily_in_containerd_and_ordinary_images_still_run() {
     std::fs::write(local.join(files[2]), b"{\"vocab\": {}}").unwrap();
     let volume = format!("{}/weights/tiny:v1", server.addr);
     vial_ok(&home, &["push", local.to_str().unwrap(), &volume]);
-    let address = ctd.socket.to_str().unwrap().to_owned();
     let report: serde_json::Value = serde_json::from_str(&vial_ok(
         &home,
         &[

@@ -195,6 +195,10 @@ pub struct SyncSource {
     /// oci: registry credentials.
     pub username: Option<String>,
     pub password: Option<Secret>,
+    /// oci: reach these registries over plain HTTP (the only way a job's `--source-plain-http`
+    /// gets credentials sent without TLS).
+    #[serde(default)]
+    pub plain_http: bool,
 }
 
 impl std::fmt::Debug for SyncSource {

@@ -165,7 +165,11 @@ impl Drop for Containerd {
         if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
             for target in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
                 if target.starts_with(&prefix) {
-                    let _ = Command::new("umount").arg("-l").arg(target).status();
+                    let _ = Command::new("umount")
+                        .arg("-l")
+                        .arg(target)
+                        .stderr(Stdio::null())
+                        .status();
                 }
             }
         }

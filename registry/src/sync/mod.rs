@@ -195,7 +195,12 @@ impl From<CommitManifestError> for SyncError {
                 "tag {tag} was set meanwhile (it points at {}); it was not moved",
                 current.map_or_else(|| "nothing".to_owned(), |d| d.to_string())
             )),
-            other => SyncError::Invalid(format!("committing the synced version: {other}")),
+            // Chunks collected meanwhile (a sync that outlived the GC grace period): the next
+            // attempt finds them missing and copies those files again.
+            e @ (CommitManifestError::MissingBlobs(_)
+            | CommitManifestError::MissingManifests(_)) => {
+                SyncError::source(format!("committing the synced version: {e}"), true)
+            }
         }
     }
 }
@@ -458,7 +463,17 @@ async fn sync_files(
         .into_iter()
         .map(|f| async move {
             let reader = remote.open(f).await?;
-            let chunks = chunk_and_store(&run.state, run.repo(), &f.path, f.size, reader).await?;
+            // A read that fails midway is most often the network: worth another attempt, which
+            // keeps what this one finished.
+            let chunks = chunk_and_store(&run.state, run.repo(), &f.path, f.size, reader)
+                .await
+                .map_err(|e| match e {
+                    SealError::Content { message, .. } => SyncError::source(
+                        format!("reading {} from {}: {message}", f.path, spec.source),
+                        true,
+                    ),
+                    other => other.into(),
+                })?;
             {
                 let mut p = run.progress();
                 p.files_done += 1;
@@ -495,8 +510,26 @@ async fn sync_files(
         .finish()
         .map_err(|e| SyncError::Invalid(format!("{}: {e}", spec.source)))?;
     let layout = build_layout_for(&tree, None);
-    commit_layout(&run.state, run.repo(), &layout, &run.publish).await?;
-    Ok(layout.index.digest.clone())
+    // A cancel (or a takeover) that came in meanwhile stops the job before it publishes.
+    run.save_progress().await?;
+    let digest = layout.index.digest.clone();
+    published(
+        commit_layout(&run.state, run.repo(), &layout, &run.publish).await,
+        &digest,
+    )?;
+    Ok(digest)
+}
+
+/// The outcome of committing `digest` with the job's tag. An immutable tag that already points at
+/// `digest` is this job's own earlier attempt, not a conflict.
+fn published(result: Result<(), CommitManifestError>, digest: &Digest) -> Result<(), SyncError> {
+    match result {
+        Err(CommitManifestError::TagMoved {
+            current: Some(current),
+            ..
+        }) if &current == digest => Ok(()),
+        other => other.map_err(SyncError::from),
+    }
 }
 
 /// Whether every chunk is still in the registry (and linked to the job's repository).
@@ -561,6 +594,30 @@ mod tests {
         ] {
             assert!(Source::parse(bad).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn a_tag_already_on_the_job_s_own_version_is_not_a_conflict() {
+        let ours = vial_core::Algorithm::Sha256.digest_bytes(b"ours");
+        let theirs = vial_core::Algorithm::Sha256.digest_bytes(b"theirs");
+        let moved = |current: &Digest| {
+            Err(CommitManifestError::TagMoved {
+                tag: "v1".into(),
+                current: Some(current.clone()),
+                expected: TagPrecondition::Absent,
+            })
+        };
+        assert!(published(moved(&ours), &ours).is_ok());
+        let err = published(moved(&theirs), &ours).unwrap_err();
+        assert!(
+            !err.is_transient() && err.to_string().contains("set meanwhile"),
+            "{err}"
+        );
+        let missing = published(Err(CommitManifestError::MissingBlobs(vec![theirs])), &ours);
+        assert!(
+            missing.unwrap_err().is_transient(),
+            "collected chunks are copied again"
+        );
     }
 
     #[test]

@@ -54,10 +54,16 @@ pub(super) async fn sync(
             ))
         }
     };
+    if spec.plain_http && credentials.is_some() && !entry.plain_http {
+        return Err(SyncError::Invalid(format!(
+            "{} has credentials configured: the registry sends them over plain HTTP only if its [[sync-sources]] entry says plain-http = true",
+            spec.source
+        )));
+    }
     let src = Registry::new(
         reference.registry(),
         &RegistryOptions {
-            plain_http: spec.plain_http,
+            plain_http: spec.plain_http || entry.plain_http,
             credentials,
             ..RegistryOptions::default()
         },
@@ -98,7 +104,9 @@ pub(super) async fn sync(
         present.extend(
             run.state
                 .meta
-                .link_present_blobs(run.repo(), batch, true)
+                // Only what this repository holds: linking another repository's blob because a
+                // source manifest names its digest would hand it to whoever may push here.
+                .link_present_blobs(run.repo(), batch, false)
                 .await?,
         );
     }
@@ -180,17 +188,22 @@ pub(super) async fn sync(
             .await?;
         }
     }
-    commit_manifest(
-        &run.state,
-        run.repo(),
-        &root.media_type,
-        &Blob {
-            digest: root.digest.clone(),
-            bytes: root.bytes.to_vec(),
-        },
-        &run.publish,
-    )
-    .await?;
+    // A cancel (or a takeover) that came in meanwhile stops the job before it publishes.
+    run.save_progress().await?;
+    super::published(
+        commit_manifest(
+            &run.state,
+            run.repo(),
+            &root.media_type,
+            &Blob {
+                digest: root.digest.clone(),
+                bytes: root.bytes.to_vec(),
+            },
+            &run.publish,
+        )
+        .await,
+        &root.digest,
+    )?;
     match kind {
         Kind::Volume => Ok(root.digest),
         Kind::Artifact => Ok(seal(&run.state, run.repo(), &root.digest).await?),

@@ -388,8 +388,21 @@ pub async fn pull(
                             Some(&lease_id),
                         ))
                         .await;
+                    // What was applied must be the layer the config names, or the snapshot would
+                    // be committed under another layer's chain ID.
+                    let applied = applied.and_then(|r| {
+                        let got = r.into_inner().applied.map(|d| d.digest).unwrap_or_default();
+                        if got == parsed.rootfs.diff_ids[i] {
+                            Ok(())
+                        } else {
+                            Err(containerd_client::tonic::Status::data_loss(format!(
+                                "layer {} unpacks to {got}, not the diff ID {} its config names",
+                                layer.digest, parsed.rootfs.diff_ids[i]
+                            )))
+                        }
+                    });
                     let committed = match applied {
-                        Ok(_) => client
+                        Ok(()) => client
                             .snapshots()
                             .commit(request(
                                 CommitSnapshotRequest {

@@ -40,6 +40,8 @@ pub struct VialSnapshotter {
     store: tokio::sync::Mutex<Store>,
     /// Live FUSE mounts of remote snapshots, by snapshot id.
     mounts: std::sync::Mutex<HashMap<u64, Mounted>>,
+    /// Held through a remote prepare, so two pulls of one volume mount it once.
+    preparing: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Handle,
 }
 
@@ -95,6 +97,7 @@ impl VialSnapshotter {
             options,
             store: tokio::sync::Mutex::new(store),
             mounts: std::sync::Mutex::new(HashMap::new()),
+            preparing: tokio::sync::Mutex::new(()),
             runtime: tokio::runtime::Handle::current(),
         });
         for (id, remote) in remotes {
@@ -234,6 +237,15 @@ impl VialSnapshotter {
         layer: RemoteLayer,
     ) -> Result<Vec<Mount>, Status> {
         let already = || Status::already_exists(format!("target snapshot {:?}", layer.target));
+        // A volume is an image of one layer whose diff ID, and so chain ID, is its tree's digest:
+        // anything else would let an image commit a volume under another layer's chain ID.
+        if !parent.is_empty() || layer.target != layer.layer {
+            return Err(Status::invalid_argument(format!(
+                "layer {} is not a volume's: a volume's snapshot has no parent and is named by its tree digest",
+                layer.layer
+            )));
+        }
+        let _one_at_a_time = self.preparing.lock().await;
         let id = {
             let mut store = self.store.lock().await;
             if store.find_by_ref(&layer.target).is_some() || store.get(&layer.target).is_some() {
@@ -245,7 +257,14 @@ impl VialSnapshotter {
             reference: layer.reference.clone(),
             layer: layer.layer.clone(),
         };
-        let mountpoint = self.mount_remote(id, &remote).await?;
+        let mountpoint = match self.mount_remote(id, &remote).await {
+            Ok(path) => path,
+            Err(e) => {
+                let dir = self.store.lock().await.dir(id);
+                let _ = std::fs::remove_dir_all(dir);
+                return Err(e);
+            }
+        };
         labels.insert(labels::REMOTE.into(), "vial volume".into());
         labels.insert(labels::MOUNTPOINT.into(), mountpoint.display().to_string());
         labels.insert(labels::SNAPSHOT_REF.into(), layer.target.clone());
