@@ -6,6 +6,9 @@
 //! snapshotter, which mounts it lazily; nothing of the volume is downloaded. An ordinary layer is
 //! downloaded into the content store and applied by containerd's differ.
 
+// containerd's API errors are tonic's (large) `Status`; they are passed through as they are.
+#![allow(clippy::result_large_err)]
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
