@@ -27,15 +27,41 @@ fn write_blob(layout: &Path, bytes: &[u8]) -> Digest {
     digest
 }
 
-/// Writes an OCI layout with one image manifest tagged `tag`, whose layers have the given sizes.
-/// Returns the manifest's digest.
-pub fn write_layout(layout: &Path, tag: &str, layer_sizes: &[usize], seed: u64) -> Digest {
+/// Creates the layout's directory and its `oci-layout` marker.
+fn start_layout(layout: &Path) {
     std::fs::create_dir_all(layout).unwrap();
     std::fs::write(
         layout.join("oci-layout"),
         r#"{"imageLayoutVersion":"1.0.0"}"#,
     )
     .unwrap();
+}
+
+/// Stores `manifest` and makes it the layout's one image, tagged `tag`; returns its digest.
+fn tag_manifest(layout: &Path, tag: &str, manifest: &[u8]) -> Digest {
+    let manifest_digest = write_blob(layout, manifest);
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": media::OCI_INDEX,
+        "manifests": [{
+            "mediaType": media::OCI_MANIFEST,
+            "digest": manifest_digest,
+            "size": manifest.len(),
+            "annotations": {"org.opencontainers.image.ref.name": tag},
+        }],
+    });
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    manifest_digest
+}
+
+/// Writes an OCI layout with one image manifest tagged `tag`, whose layers have the given sizes.
+/// Returns the manifest's digest.
+pub fn write_layout(layout: &Path, tag: &str, layer_sizes: &[usize], seed: u64) -> Digest {
+    start_layout(layout);
     let config =
         br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
     let config_digest = write_blob(layout, config);
@@ -55,34 +81,13 @@ pub fn write_layout(layout: &Path, tag: &str, layer_sizes: &[usize], seed: u64) 
         "layers": layers,
     }))
     .unwrap();
-    let manifest_digest = write_blob(layout, &manifest);
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": media::OCI_INDEX,
-        "manifests": [{
-            "mediaType": media::OCI_MANIFEST,
-            "digest": manifest_digest,
-            "size": manifest.len(),
-            "annotations": {"org.opencontainers.image.ref.name": tag},
-        }],
-    });
-    std::fs::write(
-        layout.join("index.json"),
-        serde_json::to_vec(&index).unwrap(),
-    )
-    .unwrap();
-    manifest_digest
+    tag_manifest(layout, tag, &manifest)
 }
 
 /// Writes an OCI layout with one runnable image tagged `tag`: one uncompressed tar layer and a
 /// config whose diff ID is the layer's digest. Returns the manifest's digest.
 pub fn write_image_layout(layout: &Path, tag: &str, layer: &[u8]) -> Digest {
-    std::fs::create_dir_all(layout).unwrap();
-    std::fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )
-    .unwrap();
+    start_layout(layout);
     let layer_digest = write_blob(layout, layer);
     let config = serde_json::to_vec(&json!({
         "architecture": "amd64",
@@ -99,21 +104,5 @@ pub fn write_image_layout(layout: &Path, tag: &str, layer: &[u8]) -> Digest {
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer.len()}],
     }))
     .unwrap();
-    let manifest_digest = write_blob(layout, &manifest);
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": media::OCI_INDEX,
-        "manifests": [{
-            "mediaType": media::OCI_MANIFEST,
-            "digest": manifest_digest,
-            "size": manifest.len(),
-            "annotations": {"org.opencontainers.image.ref.name": tag},
-        }],
-    });
-    std::fs::write(
-        layout.join("index.json"),
-        serde_json::to_vec(&index).unwrap(),
-    )
-    .unwrap();
-    manifest_digest
+    tag_manifest(layout, tag, &manifest)
 }

@@ -8,7 +8,7 @@
 mod blob;
 mod fs;
 mod metadata;
-mod s3;
+pub(crate) mod s3;
 mod sql;
 
 pub use blob::{BlobStore, ByteRange, ByteStream, VerifyFuture};

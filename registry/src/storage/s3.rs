@@ -69,50 +69,75 @@ impl std::fmt::Debug for S3BlobStore {
     }
 }
 
+/// How to reach an S3-compatible server; what is not given comes from the standard AWS environment
+/// (variables, `~/.aws/config` and credentials files, instance roles).
+#[derive(Debug, Default)]
+pub struct ClientSettings<'a> {
+    pub endpoint: Option<&'a str>,
+    pub region: Option<&'a str>,
+    /// Path-style addressing; by default on exactly when a custom endpoint is set, since that is
+    /// what self-hosted servers (MinIO, Garage, s3s) expect.
+    pub path_style: Option<bool>,
+    pub credentials: Option<aws_sdk_s3::config::Credentials>,
+    pub read_timeout: Duration,
+}
+
+/// An S3 client for `settings`.
+pub async fn client(settings: &ClientSettings<'_>) -> Client {
+    use aws_config::timeout::TimeoutConfig;
+    use aws_config::{BehaviorVersion, Region};
+
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(
+        TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .read_timeout(settings.read_timeout)
+            .build(),
+    );
+    if let Some(region) = settings.region {
+        loader = loader.region(Region::new(region.to_owned()));
+    }
+    if let Some(endpoint) = settings.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    if let Some(credentials) = &settings.credentials {
+        loader = loader.credentials_provider(credentials.clone());
+    }
+    let shared = loader.load().await;
+    let path_style = settings
+        .path_style
+        .unwrap_or_else(|| shared.endpoint_url().is_some());
+    let mut builder = aws_sdk_s3::config::Builder::from(&shared)
+        .force_path_style(path_style)
+        // Checksums only where S3 requires them: several S3-compatible servers reject the newer
+        // default trailers, and every blob is verified by its digest anyway.
+        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired);
+    if shared.region().is_none() {
+        builder = builder.region(Region::new("us-east-1"));
+    }
+    Client::from_conf(builder.build())
+}
+
 impl S3BlobStore {
     /// Builds a client from the standard AWS environment (variables, `~/.aws/config` and
     /// credentials files, instance roles), overridden by what the blob URL names. A custom endpoint
     /// gets path-style addressing unless the URL says otherwise, since that is what self-hosted
     /// servers (MinIO, Garage, s3s) expect.
     pub async fn open(location: &S3Location) -> Result<Self, StorageError> {
-        use aws_config::timeout::TimeoutConfig;
-        use aws_config::{BehaviorVersion, Region};
-
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(3))
-                .read_timeout(Duration::from_secs(60))
-                .build(),
-        );
-        if let Some(region) = &location.region {
-            loader = loader.region(Region::new(region.clone()));
-        }
-        if let Some(endpoint) = &location.endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
-        let shared = loader.load().await;
-        let path_style = location
-            .path_style
-            .unwrap_or_else(|| shared.endpoint_url().is_some());
-        let mut builder = aws_sdk_s3::config::Builder::from(&shared)
-            .force_path_style(path_style)
-            // Checksums only where S3 requires them: several S3-compatible servers reject the
-            // newer default trailers, and every blob is verified by its digest anyway.
-            .request_checksum_calculation(
-                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
-            )
-            .response_checksum_validation(
-                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
-            );
-        if shared.region().is_none() {
-            builder = builder.region(Region::new("us-east-1"));
-        }
+        let client = client(&ClientSettings {
+            endpoint: location.endpoint.as_deref(),
+            region: location.region.as_deref(),
+            path_style: location.path_style,
+            credentials: None,
+            read_timeout: Duration::from_secs(60),
+        })
+        .await;
         let mut prefix = location.prefix.trim_matches('/').to_owned();
         if !prefix.is_empty() {
             prefix.push('/');
         }
         Ok(S3BlobStore {
-            client: Client::from_conf(builder.build()),
+            client,
             bucket: location.bucket.clone(),
             prefix,
             cannot_list_uploads: Arc::new(AtomicBool::new(false)),

@@ -338,6 +338,26 @@ fn job_from_row(row: &AnyRow) -> Result<Job, StorageError> {
     })
 }
 
+/// Records a running job's progress if the attempt `attempts` still holds it.
+async fn set_job_progress<'e>(
+    executor: impl sqlx::Executor<'e, Database = Any>,
+    id: &str,
+    attempts: i64,
+    progress: &str,
+) -> Result<bool, sqlx::Error> {
+    let held = sqlx::query(
+        "UPDATE jobs SET progress = $3, updated_at = $4
+          WHERE id = $1 AND attempts = $2 AND state = 'running'",
+    )
+    .bind(id)
+    .bind(attempts)
+    .bind(progress)
+    .bind(now_millis())
+    .execute(executor)
+    .await?;
+    Ok(held.rows_affected() > 0)
+}
+
 fn upload_from_row(row: &AnyRow) -> Result<UploadSession, StorageError> {
     let repo: String = row.try_get("repository")?;
     Ok(UploadSession {
@@ -1608,17 +1628,7 @@ impl MetadataStore for SqlMetadataStore {
     ) -> Result<bool, StorageError> {
         let mut tx = self.writer.begin().await?;
         // The fence first: an attempt that lost the job records nothing.
-        let held = sqlx::query(
-            "UPDATE jobs SET progress = $3, updated_at = $4
-              WHERE id = $1 AND attempts = $2 AND state = 'running'",
-        )
-        .bind(id)
-        .bind(attempts)
-        .bind(progress)
-        .bind(now_millis())
-        .execute(&mut *tx)
-        .await?;
-        if held.rows_affected() == 0 {
+        if !set_job_progress(&mut *tx, id, attempts, progress).await? {
             return Ok(false);
         }
         sqlx::query(
@@ -1641,17 +1651,7 @@ impl MetadataStore for SqlMetadataStore {
         attempts: i64,
         progress: &str,
     ) -> Result<bool, StorageError> {
-        let held = sqlx::query(
-            "UPDATE jobs SET progress = $3, updated_at = $4
-              WHERE id = $1 AND attempts = $2 AND state = 'running'",
-        )
-        .bind(id)
-        .bind(attempts)
-        .bind(progress)
-        .bind(now_millis())
-        .execute(&self.writer)
-        .await?;
-        Ok(held.rows_affected() > 0)
+        Ok(set_job_progress(&self.writer, id, attempts, progress).await?)
     }
 
     async fn job_files(&self, id: &str) -> Result<Vec<JobFile>, StorageError> {

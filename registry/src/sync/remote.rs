@@ -81,59 +81,37 @@ impl S3Source {
         bucket: &str,
         prefix: &str,
     ) -> Result<S3Source, SyncError> {
-        use aws_config::timeout::TimeoutConfig;
-        use aws_config::{BehaviorVersion, Region};
-
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .read_timeout(Duration::from_secs(60))
-                .build(),
-        );
-        if let Some(region) = &entry.region {
-            loader = loader.region(Region::new(region.clone()));
-        }
-        if let Some(endpoint) = &entry.endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
         let key_id = reveal(&entry.access_key_id, "access-key-id")?;
         let secret = reveal(&entry.secret_access_key, "secret-access-key")?;
-        match (key_id, secret) {
-            (Some(id), Some(secret)) => {
-                loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
-                    id,
-                    secret,
-                    None,
-                    None,
-                    "vial-sync-source",
-                ));
-            }
-            (None, None) => {}
+        let credentials = match (key_id, secret) {
+            (Some(id), Some(secret)) => Some(aws_sdk_s3::config::Credentials::new(
+                id,
+                secret,
+                None,
+                None,
+                "vial-sync-source",
+            )),
+            (None, None) => None,
             _ => {
                 return Err(SyncError::Invalid(
                     "the sync source names only one of access-key-id and secret-access-key".into(),
                 ))
             }
-        }
-        let shared = loader.load().await;
-        let path_style = entry.path_style.unwrap_or(entry.endpoint.is_some());
-        let mut builder = aws_sdk_s3::config::Builder::from(&shared)
-            .force_path_style(path_style)
-            .request_checksum_calculation(
-                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
-            )
-            .response_checksum_validation(
-                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
-            );
-        if shared.region().is_none() {
-            builder = builder.region(Region::new("us-east-1"));
-        }
+        };
+        let client = crate::storage::s3::client(&crate::storage::s3::ClientSettings {
+            endpoint: entry.endpoint.as_deref(),
+            region: entry.region.as_deref(),
+            path_style: entry.path_style,
+            credentials,
+            read_timeout: Duration::from_secs(60),
+        })
+        .await;
         let mut prefix = prefix.trim_matches('/').to_owned();
         if !prefix.is_empty() {
             prefix.push('/');
         }
         Ok(S3Source {
-            client: aws_sdk_s3::Client::from_conf(builder.build()),
+            client,
             bucket: bucket.to_owned(),
             prefix,
         })

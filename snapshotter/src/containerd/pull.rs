@@ -201,6 +201,22 @@ async fn write_content(
     }
 }
 
+/// Removes a snapshot this pull prepared and will not commit; failing that, containerd's garbage
+/// collection removes it with the lease.
+async fn remove_snapshot(client: &Client, options: &PullOptions<'_>, key: String) {
+    let _ = client
+        .snapshots()
+        .remove(request(
+            RemoveSnapshotRequest {
+                snapshotter: options.snapshotter.into(),
+                key,
+            },
+            options.namespace,
+            None,
+        ))
+        .await;
+}
+
 /// Pulls `reference` into containerd and unpacks it on `options.snapshotter`.
 pub async fn pull(
     registry: &Registry,
@@ -365,15 +381,8 @@ pub async fn pull(
                 }
                 Err(s) => return Err(cd(format!("preparing layer {}", layer.digest))(s)),
                 Ok(response) if remote => {
-                    let _ = client
-                        .snapshots()
-                        .remove(request(
-                            RemoveSnapshotRequest { snapshotter: options.snapshotter.into(), key },
-                            options.namespace,
-                            None,
-                        ))
-                        .await;
-                    let _ = response;
+                    drop(response);
+                    remove_snapshot(&client, options, key).await;
                     return Err(PullError::Invalid(format!(
                         "snapshotter {:?} did not mount the volume layer itself: volumes need vial's snapshotter (vial snapshotter, and --snapshotter NAME as containerd knows it)",
                         options.snapshotter
@@ -422,14 +431,7 @@ pub async fn pull(
                         Err(e) => Err(e),
                     };
                     if let Err(s) = committed {
-                        let _ = client
-                            .snapshots()
-                            .remove(request(
-                                RemoveSnapshotRequest { snapshotter: options.snapshotter.into(), key },
-                                options.namespace,
-                                None,
-                            ))
-                            .await;
+                        remove_snapshot(&client, options, key).await;
                         return Err(cd(format!("unpacking layer {}", layer.digest))(s));
                     }
                     unpacked += 1;
