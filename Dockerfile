@@ -11,6 +11,10 @@
 
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
+# protoc compiles containerd's API (vial snapshotter).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends protobuf-compiler \
+ && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN cargo build --release --locked -p vial-cli && strip target/release/vial
 
