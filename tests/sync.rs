@@ -21,6 +21,34 @@ fn write_files(root: &Path, files: &[(&str, Vec<u8>)]) {
     }
 }
 
+/// `vial push` of `files` seals the version `pinned` names, and `vial pull` of `reference` gives
+/// the files back.
+fn assert_seals_what_push_seals(
+    home: &Path,
+    dir: &Path,
+    server: &Server,
+    files: &[(&str, Vec<u8>)],
+    pinned: &str,
+    reference: &str,
+) {
+    let local = dir.join("local");
+    write_files(&local, files);
+    let pushed = push_json(
+        home,
+        &local,
+        &format!("{}/weights/pushed:v1", server.addr),
+        &[],
+    );
+    assert_eq!(
+        digest_of(pinned),
+        digest_of(pushed["reference"].as_str().unwrap()),
+        "a sync seals exactly what vial push seals from the same files"
+    );
+    let out = dir.join("pulled");
+    vial_ok(home, &["pull", reference, out.to_str().unwrap()]);
+    assert_same_tree(&local, &out);
+}
+
 fn digest_of(pinned: &str) -> &str {
     pinned
         .trim()
@@ -142,25 +170,14 @@ fn a_bucket_prefix_syncs_into_the_version_vial_push_seals_from_the_same_files() 
         ],
     );
     // The same files pushed from disk make the same version.
-    let local = dir.path().join("local");
-    write_files(&local, &files);
-    let pushed = push_json(
+    assert_seals_what_push_seals(
         &home,
-        &local,
-        &format!("{}/weights/pushed:v1", server.addr),
-        &[],
+        dir.path(),
+        &server,
+        &files,
+        &pinned,
+        &format!("{dest}:v1"),
     );
-    assert_eq!(
-        digest_of(&pinned),
-        digest_of(pushed["reference"].as_str().unwrap()),
-        "a sync seals exactly what vial push seals from the same files"
-    );
-    let out = dir.path().join("pulled");
-    vial_ok(
-        &home,
-        &["pull", &format!("{dest}:v1"), out.to_str().unwrap()],
-    );
-    assert_same_tree(&local, &out);
 
     let jobs: serde_json::Value =
         serde_json::from_str(&vial_ok(&home, &["sync", "ls", &dest, "--json"])).unwrap();
@@ -432,24 +449,14 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
         ],
     );
     assert_eq!(digest_of(&again), digest_of(&pinned));
-    let local = dir.path().join("local");
-    write_files(&local, &files);
-    let pushed = push_json(
+    assert_seals_what_push_seals(
         &home,
-        &local,
-        &format!("{}/weights/pushed:v1", server.addr),
-        &[],
+        dir.path(),
+        &server,
+        &files,
+        &pinned,
+        &format!("{volume}:main"),
     );
-    assert_eq!(
-        digest_of(&pinned),
-        digest_of(pushed["reference"].as_str().unwrap())
-    );
-    let out = dir.path().join("pulled");
-    vial_ok(
-        &home,
-        &["pull", &format!("{volume}:main"), out.to_str().unwrap()],
-    );
-    assert_same_tree(&local, &out);
 
     // A cancelled sync stops, says who cancelled it, and never moves its tag.
     hub.hold(last);

@@ -11,7 +11,7 @@ use super::set_header;
 use super::vial::{await_job, read_small_body};
 use crate::error::{ApiError, ErrorCode};
 use crate::storage::{Job, JobState};
-use crate::sync::{check_spec, SyncProgress, SyncSpec, SYNC_JOB};
+use crate::sync::{check_spec, SpecError, SyncProgress, SyncSpec, SYNC_JOB};
 use crate::AppState;
 
 /// A sync request is a small JSON object.
@@ -82,12 +82,9 @@ pub(super) async fn sync_start(
             format!("expected {{\"source\": \"…\", \"tag\": \"…\"}}: {e}"),
         )
     })?;
-    check_spec(state, &spec).map_err(|why| {
-        if why.contains("may not sync from") {
-            denied(why)
-        } else {
-            ApiError::bad_request(ErrorCode::Unsupported, why)
-        }
+    check_spec(state, &spec).map_err(|e| match e {
+        SpecError::NotAllowed(_) => denied(e.to_string()),
+        SpecError::Invalid(why) => ApiError::bad_request(ErrorCode::Unsupported, why),
     })?;
     let tag = Tag::parse(&spec.tag)
         .map_err(|e| ApiError::bad_request(ErrorCode::TagInvalid, e.to_string()))?;

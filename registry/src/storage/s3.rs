@@ -590,14 +590,9 @@ fn is_not_found<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> bool {
     }
 }
 
-/// Turns an SDK error into a storage error that says which call on which key failed and whether the
-/// server was simply unreachable (a 503 for the client) or refused the request.
-fn s3_error<E, R>(op: &'static str, key: &str, e: SdkError<E, R>) -> StorageError
-where
-    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    let unavailable = match &e {
+/// Whether another try may succeed: the server was unreachable, timed out, or said it is busy.
+pub(crate) fn is_transient<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> bool {
+    match e {
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
             true
         }
@@ -606,7 +601,17 @@ where
             Some("SlowDown" | "ServiceUnavailable" | "InternalError" | "RequestTimeout")
         ),
         _ => false,
-    };
+    }
+}
+
+/// Turns an SDK error into a storage error that says which call on which key failed and whether the
+/// server was simply unreachable (a 503 for the client) or refused the request.
+fn s3_error<E, R>(op: &'static str, key: &str, e: SdkError<E, R>) -> StorageError
+where
+    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let unavailable = is_transient(&e);
     StorageError::S3 {
         op,
         key: key.to_owned(),

@@ -24,7 +24,7 @@ use crate::seal::{chunk_and_store, commit_layout, Publish, SealError};
 use crate::storage::{CommitManifestError, Job, JobFile, StorageError, TagPrecondition};
 use crate::AppState;
 
-pub use remote::RemoteFile;
+use remote::RemoteFile;
 
 /// The job kind under which syncs run.
 pub const SYNC_JOB: &str = "sync";
@@ -236,16 +236,23 @@ impl Filter {
     }
 }
 
+/// Why a spec cannot be queued.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{0}")]
+    Invalid(String),
+    /// The registry's operator did not allow the source.
+    #[error("this registry may not sync from {0}: an operator allows sources with [[sync-sources]] in the config file or `vial serve --sync-source PREFIX` (docs/sync.md)")]
+    NotAllowed(String),
+}
+
 /// Checks a spec before it is queued: everything that can be known without reaching the source.
-pub fn check_spec(state: &AppState, spec: &SyncSpec) -> Result<Source, String> {
-    let source = Source::parse(&spec.source)?;
-    Tag::parse(&spec.tag).map_err(|e| format!("tag {:?}: {e}", spec.tag))?;
-    Filter::new(&spec.include, &spec.exclude)?;
+pub fn check_spec(state: &AppState, spec: &SyncSpec) -> Result<Source, SpecError> {
+    let source = Source::parse(&spec.source).map_err(SpecError::Invalid)?;
+    Tag::parse(&spec.tag).map_err(|e| SpecError::Invalid(format!("tag {:?}: {e}", spec.tag)))?;
+    Filter::new(&spec.include, &spec.exclude).map_err(SpecError::Invalid)?;
     if state.config.sync_source_for(&spec.source).is_none() {
-        return Err(format!(
-            "this registry may not sync from {}: an operator allows sources with [[sync-sources]] in the config file or `vial serve --sync-source PREFIX` (docs/sync.md)",
-            spec.source
-        ));
+        return Err(SpecError::NotAllowed(spec.source.clone()));
     }
     Ok(source)
 }
@@ -254,7 +261,7 @@ pub fn check_spec(state: &AppState, spec: &SyncSpec) -> Result<Source, String> {
 pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> {
     let spec: SyncSpec = serde_json::from_str(job.spec.as_deref().unwrap_or(""))
         .map_err(|e| SyncError::Invalid(format!("the job's spec cannot be read: {e}")))?;
-    let source = check_spec(state, &spec).map_err(SyncError::Invalid)?;
+    let source = check_spec(state, &spec).map_err(|e| SyncError::Invalid(e.to_string()))?;
     let tag = Tag::parse(&spec.tag).map_err(|e| SyncError::Invalid(e.to_string()))?;
     let entry = state
         .config

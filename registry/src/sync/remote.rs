@@ -187,21 +187,14 @@ impl S3Source {
 
 fn s3_error<E, R>(context: &str, e: aws_sdk_s3::error::SdkError<E, R>) -> SyncError
 where
-    E: std::error::Error + Send + Sync + 'static,
+    E: std::error::Error + aws_sdk_s3::error::ProvideErrorMetadata + Send + Sync + 'static,
     R: std::fmt::Debug,
 {
     use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
-    let transient = match &e {
-        SdkError::ServiceError(service) => {
-            let status = format!("{:?}", service.raw());
-            // 5xx, throttling and a changed object (412) are worth another attempt.
-            ["status: 5", "StatusCode(5", "429", "412"]
-                .iter()
-                .any(|s| status.contains(s))
-        }
-        SdkError::ConstructionFailure(_) => false,
-        _ => true,
-    };
+    // What the blob store retries, and an object replaced since it was listed (the conditional
+    // read's 412): the next attempt lists it again.
+    let transient = crate::storage::s3::is_transient(&e)
+        || matches!(&e, SdkError::ServiceError(s) if s.err().code() == Some("PreconditionFailed"));
     SyncError::source(format!("{context}: {}", DisplayErrorContext(&e)), transient)
 }
 
