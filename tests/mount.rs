@@ -170,6 +170,73 @@ fn reading_one_tensor_fetches_only_its_chunks() {
 }
 
 #[test]
+fn reading_the_start_of_a_tensor_fetches_the_rest_of_it_and_nothing_beyond() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // 3 MB, 24 MB and 30 MB tensors: the middle one is about ten chunks.
+    let tensors = [
+        ("a".to_string(), 1_500_000, 1),
+        ("big".to_string(), 12_000_000, 2),
+        ("c".to_string(), 15_000_000, 3),
+    ];
+    write_safetensors(&src.join("model.safetensors"), &tensors);
+    let reference = format!("{}/weights/tensor-ahead", server.addr);
+    push_json(home.path(), &src, &reference, &["--tag", "v1"]);
+    let m = Mount::new(home.path(), &format!("{reference}:v1"), "mnt", &[]);
+
+    // A loader reads the header, then the tensor; here only the tensor's first 4 KiB.
+    let f = std::fs::File::open(m.path.join("model.safetensors")).unwrap();
+    let mut len = [0u8; 8];
+    f.read_exact_at(&mut len, 0).unwrap();
+    let n = u64::from_le_bytes(len);
+    let mut header = vec![0u8; n as usize];
+    f.read_exact_at(&mut header, 8).unwrap();
+    let header: serde_json::Value = serde_json::from_slice(&header).unwrap();
+    let offsets = |name: &str| {
+        let o = &header[name]["data_offsets"];
+        (
+            8 + n + o[0].as_u64().unwrap(),
+            8 + n + o[1].as_u64().unwrap(),
+        )
+    };
+    let ((a_start, a_end), (b, e)) = (offsets("a"), offsets("big"));
+    let mut first = vec![0u8; 4096];
+    f.read_exact_at(&mut first, b).unwrap();
+    assert_eq!(first, pseudo_random(4096, 2));
+
+    // The rest of the tensor arrives without being asked for.
+    let header_bytes = 8 + n;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut fetched = 0;
+    while Instant::now() < deadline {
+        fetched = m.stats()["bytes_fetched"].as_u64().unwrap();
+        if fetched >= header_bytes + (e - b) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        fetched >= header_bytes + (e - b),
+        "only {fetched} bytes fetched: the tensor was not read ahead"
+    );
+    // And nothing of the next tensor: chunks end at tensor boundaries. (The kernel's own
+    // read-ahead after the header may have asked for the first tensor.)
+    std::thread::sleep(Duration::from_millis(300));
+    let stats = m.stats();
+    let fetched = stats["bytes_fetched"].as_u64().unwrap();
+    assert!(
+        fetched <= header_bytes + (a_end - a_start) + (e - b),
+        "{fetched} bytes fetched: more than the header, the first tensor and the one read"
+    );
+    assert!(stats["prefetched_chunks"].as_u64().unwrap() > 0, "{stats}");
+}
+
+#[test]
 fn a_volume_three_times_the_cache_reads_fully_and_versions_share_the_cache() {
     if !fuse_available() {
         return;

@@ -463,18 +463,24 @@ fn corrupt_or_failing_downloads_are_detected_and_nothing_wrong_is_kept() {
 
 #[test]
 fn a_malicious_tree_is_refused_and_nothing_is_written_outside() {
-    use vial_core::volume::{build_layout, ChunkingInfo, Tree};
+    use vial_core::volume::{build_layout, ChunkingInfo, Entry, EntryKind, Tree};
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
     let client = reqwest::blocking::Client::new();
     // A tree that tries to escape the destination, pushed by hand (vial push would never write it).
-    let evil = serde_json::json!({
-        "format": vial_core::volume::FORMAT_VERSION,
-        "chunking": ChunkingInfo::v1(vial_core::chunking::DEFAULT_PARAMS),
-        "chunks": [],
-        "entries": [{"path": "../escaped.txt", "type": "file", "mode": 420, "size": 0, "chunks": []}]
-    });
-    let tree: Tree = serde_json::from_value(evil).unwrap();
+    let tree = Tree {
+        format: vial_core::volume::FORMAT_VERSION,
+        chunking: ChunkingInfo::v1(vial_core::chunking::DEFAULT_PARAMS),
+        chunks: Vec::new(),
+        entries: vec![Entry {
+            path: "../escaped.txt".to_owned(),
+            kind: EntryKind::File {
+                mode: 0o644,
+                size: 0,
+                chunks: Vec::new(),
+            },
+        }],
+    };
     let layout = build_layout(&tree);
     let base = server.url();
     let repo = "weights/evil";

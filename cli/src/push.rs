@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use vial_client::pull::{self, PullOptions};
-use vial_client::push::{self, PushOptions};
+use vial_client::push::{self, PushOptions, SealTag};
 use vial_core::{Digest, Tag};
 
 use crate::common::{block_on, human_bytes, parse_reference, print_json, Bars, RegistryArgs};
@@ -94,13 +94,18 @@ pub fn run_push(args: PushArgs) -> anyhow::Result<()> {
     let mut options = PushOptions::for_dir(&args.dir);
     options.rehash = args.rehash;
     options.uploads = args.uploads;
+    // The first tag seals the version in the same request; the others follow.
+    options.seal_tag = tags.first().map(|tag| SealTag {
+        tag: tag.clone(),
+        expect: expect.clone(),
+    });
     let bars = Bars::new(
         "hashed",
         "uploaded",
         std::io::stderr().is_terminal() && !args.json,
     );
     block_on(async {
-        let (layout, report) = push::push(
+        let (layout, report, sealed_tag) = push::push(
             &registry,
             reference.repo(),
             &args.dir,
@@ -110,7 +115,16 @@ pub fn run_push(args: PushArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("push of {} to {} failed", args.dir.display(), reference))?;
         bars.finish();
-        for tag in &tags {
+        let not_moved = |tag: &Tag| {
+            format!(
+                "version {} is sealed, but tag {tag} was not moved",
+                layout.index.digest
+            )
+        };
+        if let Some(first) = tags.first() {
+            sealed_tag.with_context(|| not_moved(first))?;
+        }
+        for tag in tags.iter().skip(1) {
             push::tag_version(
                 &registry,
                 reference.repo(),
@@ -120,12 +134,7 @@ pub fn run_push(args: PushArgs) -> anyhow::Result<()> {
                 None,
             )
             .await
-            .with_context(|| {
-                format!(
-                    "version {} is sealed, but tag {tag} was not moved",
-                    layout.index.digest
-                )
-            })?;
+            .with_context(|| not_moved(tag))?;
         }
         let pinned = reference.pinned(layout.index.digest.clone());
         if args.json {

@@ -44,6 +44,16 @@ pub struct PushOptions {
     pub rehash: bool,
     /// Where the local index lives; `None` disables it.
     pub index_path: Option<PathBuf>,
+    /// Seal the version under this tag, in the same request (the index is sent once).
+    pub seal_tag: Option<SealTag>,
+}
+
+/// The tag a version is sealed under, and the compare-and-swap condition for moving it (as in
+/// [`tag_version`]).
+#[derive(Debug, Clone)]
+pub struct SealTag {
+    pub tag: vial_core::Tag,
+    pub expect: Option<Option<Digest>>,
 }
 
 impl PushOptions {
@@ -54,6 +64,7 @@ impl PushOptions {
             max_in_flight: 256 * 1024 * 1024,
             rehash: false,
             index_path: LocalIndex::path_for(dir),
+            seal_tag: None,
         }
     }
 }
@@ -107,14 +118,16 @@ struct Stats {
 }
 
 /// Pushes `dir` as a new version of `repo` and returns the sealed layout (its index digest is the
-/// version) and a report. Tags are not touched: see [`tag_version`].
+/// version), a report, and what became of `options.seal_tag`: a tag the registry refused (moved
+/// meanwhile, protected) leaves the version sealed by digest and is reported there, not as a
+/// failed push. Other tags: see [`tag_version`].
 pub async fn push(
     registry: &Registry,
     repo: &RepoName,
     dir: &Path,
     options: &PushOptions,
     progress: Arc<dyn Progress>,
-) -> Result<(Layout, PushReport), ClientError> {
+) -> Result<(Layout, PushReport, Result<(), ClientError>), ClientError> {
     let started = Instant::now();
     let cutter = Cutter::new(DEFAULT_PARAMS);
     let chunking = ChunkingInfo::v1(DEFAULT_PARAMS);
@@ -287,7 +300,7 @@ pub async fn push(
         index.save(path);
     }
     let layout = build_layout(&tree);
-    seal(registry, repo, &layout).await?;
+    let tagged = seal(registry, repo, &layout, options.seal_tag.as_ref()).await?;
 
     let report = PushReport {
         digest: layout.index.digest.to_string(),
@@ -302,7 +315,7 @@ pub async fn push(
         bytes_read: stats.bytes_read.load(Ordering::Relaxed),
         seconds: started.elapsed().as_secs_f64(),
     };
-    Ok((layout, report))
+    Ok((layout, report, tagged))
 }
 
 /// Plans and chunks every file that the local index could not vouch for, on `threads` threads.
@@ -464,8 +477,16 @@ async fn upload_chunk(
     }
 }
 
-/// Uploads the tree blob and manifests, index last: the index push is the moment of sealing.
-async fn seal(registry: &Registry, repo: &RepoName, layout: &Layout) -> Result<(), ClientError> {
+/// Uploads the tree blob and manifests, index last: the index push is the moment of sealing. With
+/// `tag`, the index is pushed under the tag, which seals the version and moves the tag in one
+/// request; if the registry refuses the tag, the index is pushed by digest instead and the refusal
+/// is returned as the tag's outcome.
+async fn seal(
+    registry: &Registry,
+    repo: &RepoName,
+    layout: &Layout,
+    tag: Option<&SealTag>,
+) -> Result<Result<(), ClientError>, ClientError> {
     let empty =
         Digest::parse(media::OCI_EMPTY_DIGEST).map_err(|e| ClientError::Invalid(e.to_string()))?;
     let mut blobs = vec![(&empty, Bytes::from_static(b"{}"))];
@@ -513,15 +534,72 @@ async fn seal(registry: &Registry, repo: &RepoName, layout: &Layout) -> Result<(
             )
             .await?;
     }
+    let index = Bytes::from(layout.index.bytes.clone());
+    let tagged = match tag {
+        None => Ok(()),
+        Some(t) => {
+            let expect = t.expect.as_ref().map(Option::as_ref);
+            let pushed = put_tagged(
+                registry,
+                repo,
+                media::OCI_INDEX,
+                index.clone(),
+                &t.tag,
+                expect,
+                None,
+            );
+            match pushed.await {
+                Ok(()) => return Ok(Ok(())),
+                Err(e) if is_refusal(&e) => Err(e),
+                Err(e) => return Err(e),
+            }
+        }
+    };
     registry
         .put_manifest(
             repo,
             layout.index.digest.as_str(),
             media::OCI_INDEX,
-            Bytes::from(layout.index.bytes.clone()),
+            index,
             None,
         )
         .await?;
+    Ok(tagged)
+}
+
+/// Whether the registry answered a tag push with a refusal of the tag itself (so the manifest
+/// can still be pushed by digest), rather than failing the request.
+fn is_refusal(e: &ClientError) -> bool {
+    match e {
+        ClientError::TagMoved { .. } | ClientError::Denied(_) => true,
+        ClientError::Registry { status, .. } => matches!(status, 400 | 403 | 409 | 412),
+        _ => false,
+    }
+}
+
+/// Pushes a version's manifest bytes under `tag`, naming the tag in a compare-and-swap failure.
+async fn put_tagged(
+    registry: &Registry,
+    repo: &RepoName,
+    media_type: &str,
+    bytes: Bytes,
+    tag: &vial_core::Tag,
+    expect: Option<Option<&Digest>>,
+    expires_at: Option<&str>,
+) -> Result<(), ClientError> {
+    registry
+        .put_manifest_expiring(repo, tag.as_str(), media_type, bytes, expect, expires_at)
+        .await
+        .map_err(|e| match e {
+            ClientError::TagMoved {
+                current, expected, ..
+            } => ClientError::TagMoved {
+                tag: tag.to_string(),
+                current,
+                expected,
+            },
+            e => e,
+        })?;
     Ok(())
 }
 
@@ -539,25 +617,14 @@ pub async fn tag_version(
         .get_manifest(repo, &vial_core::Target::Digest(version.clone()))
         .await?
         .ok_or_else(|| ClientError::NotFound(format!("{}/{repo}@{version}", registry.host())))?;
-    registry
-        .put_manifest_expiring(
-            repo,
-            tag.as_str(),
-            &manifest.media_type,
-            manifest.bytes,
-            expect,
-            expires_at,
-        )
-        .await
-        .map_err(|e| match e {
-            ClientError::TagMoved {
-                current, expected, ..
-            } => ClientError::TagMoved {
-                tag: tag.to_string(),
-                current,
-                expected,
-            },
-            e => e,
-        })?;
-    Ok(())
+    put_tagged(
+        registry,
+        repo,
+        &manifest.media_type,
+        manifest.bytes,
+        tag,
+        expect,
+        expires_at,
+    )
+    .await
 }

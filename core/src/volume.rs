@@ -13,7 +13,14 @@ use crate::chunking::ChunkParams;
 use crate::manifest::{Descriptor, ImageIndex, ImageManifest};
 use crate::{media, Algorithm, Digest};
 
-pub const FORMAT_VERSION: u32 = 2;
+/// The format this code writes.
+pub const FORMAT_VERSION: u32 = 3;
+/// The formats this code reads: format 2 differs only in how a file lists its chunks (one index
+/// per chunk instead of runs), so its versions keep their digests and stay readable.
+pub const READABLE_FORMATS: [u32; 2] = [2, 3];
+/// Most chunk references the files of one tree may make in total (a run of `n` chunks counts `n`):
+/// about 32 TiB of 2 MiB chunks. It bounds what a reader expands a hostile tree blob into.
+pub const MAX_CHUNK_REFS: usize = 1 << 24;
 pub const VOLUME_ARTIFACT_TYPE: &str = "application/vnd.vial.volume.v1";
 pub const TREE_ARTIFACT_TYPE: &str = "application/vnd.vial.tree.v1";
 pub const TREE_MEDIA_TYPE: &str = "application/vnd.vial.tree.v1+json";
@@ -31,7 +38,7 @@ pub const ANNOTATION_CHUNKS: &str = "dev.vial.volume.chunks";
 pub const ANNOTATION_TREE: &str = "dev.vial.volume.tree";
 
 /// A part manifest may end after this many chunks, at a content-defined point.
-pub const PART_MIN: usize = 16;
+pub const PART_MIN: usize = 8;
 /// A part manifest always ends after this many chunks (~250 kB of JSON).
 pub const PART_MAX: usize = 2048;
 /// Longest path accepted, in bytes.
@@ -65,12 +72,14 @@ impl ChunkingInfo {
 }
 
 /// One entry of the tree. Files list their chunks as indexes into [`Tree::chunks`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum EntryKind {
     File {
         mode: u32,
         size: u64,
+        /// Written as runs (`[first, count]`, or a bare index for a run of one) by
+        /// [`Tree::to_json`]; expanded here.
         chunks: Vec<u32>,
     },
     Dir {
@@ -81,7 +90,7 @@ pub enum EntryKind {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Entry {
     pub path: String,
     #[serde(flatten)]
@@ -93,7 +102,7 @@ pub struct Entry {
 /// The chunk table is not part of the tree blob: it is the concatenation of the part manifests'
 /// layers, so a new version re-sends only the parts that changed, and the tree blob stays a few
 /// dozen bytes per file whatever the file sizes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Tree {
     pub format: u32,
     pub chunking: ChunkingInfo,
@@ -125,6 +134,112 @@ pub enum TreeError {
     SymlinkTarget(String),
     #[error("tree blob is not valid JSON: {0}")]
     Json(String),
+    #[error("file {0:?} lists its chunks as runs, which format 2 does not allow")]
+    Runs(String),
+    #[error("the files refer to more than {MAX_CHUNK_REFS} chunks in total")]
+    TooManyChunkRefs,
+}
+
+/// The tree blob as it is parsed: files' chunk lists are still runs, expanded only once they are
+/// known to stay within the chunk table and [`MAX_CHUNK_REFS`].
+#[derive(Deserialize)]
+struct RawTree {
+    format: u32,
+    chunking: ChunkingInfo,
+    entries: Vec<RawEntry>,
+}
+
+#[derive(Deserialize)]
+struct RawEntry {
+    path: String,
+    #[serde(flatten)]
+    kind: RawKind,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum RawKind {
+    File {
+        mode: u32,
+        size: u64,
+        chunks: Vec<Span>,
+    },
+    Dir {
+        mode: u32,
+    },
+    Symlink {
+        target: String,
+    },
+}
+
+/// One element of a file's `chunks`: a chunk index, or `[first, count]` for `count` consecutive ones.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Span {
+    One(u32),
+    Run(u32, u32),
+}
+
+/// Writes a file's chunk indexes as runs of consecutive indexes. Chunks are numbered in order of
+/// first use, so a file whose chunks appear nowhere earlier is one run whatever its size.
+fn serialize_runs<S: serde::Serializer>(chunks: &[u32], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(None)?;
+    let mut i = 0;
+    while i < chunks.len() {
+        let first = chunks[i];
+        let mut count = 1;
+        while i + count < chunks.len() && chunks[i + count] == first.wrapping_add(count as u32) {
+            count += 1;
+        }
+        if count == 1 {
+            seq.serialize_element(&first)?;
+        } else {
+            seq.serialize_element(&[first, count as u32])?;
+        }
+        i += count;
+    }
+    seq.end()
+}
+
+/// A format-2 tree serialises each file's chunks one index per element.
+#[derive(Serialize)]
+struct Format2Tree<'a> {
+    format: u32,
+    chunking: &'a ChunkingInfo,
+    entries: &'a [Entry],
+}
+
+/// A format-3 tree: the same, with runs.
+#[derive(Serialize)]
+struct Format3Tree<'a> {
+    format: u32,
+    chunking: &'a ChunkingInfo,
+    entries: Vec<Format3Entry<'a>>,
+}
+
+#[derive(Serialize)]
+struct Format3Entry<'a> {
+    path: &'a str,
+    #[serde(flatten)]
+    kind: Format3Kind<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum Format3Kind<'a> {
+    File {
+        mode: u32,
+        size: u64,
+        #[serde(serialize_with = "serialize_runs")]
+        chunks: &'a [u32],
+    },
+    Dir {
+        mode: u32,
+    },
+    Symlink {
+        target: &'a str,
+    },
 }
 
 /// Checks one path: relative, `/`-separated, no empty, `.` or `..` components, no NUL.
@@ -165,8 +280,19 @@ fn parent(path: &str) -> Option<&str> {
 impl Tree {
     /// Checks every structural rule; readers call this on any tree they did not build themselves.
     pub fn validate(&self) -> Result<(), TreeError> {
-        if self.format != FORMAT_VERSION {
+        if !READABLE_FORMATS.contains(&self.format) {
             return Err(TreeError::Format(self.format));
+        }
+        let refs: usize = self
+            .entries
+            .iter()
+            .map(|e| match &e.kind {
+                EntryKind::File { chunks, .. } => chunks.len(),
+                _ => 0,
+            })
+            .sum();
+        if refs > MAX_CHUNK_REFS {
+            return Err(TreeError::TooManyChunkRefs);
         }
         let mut seen_chunks = std::collections::HashSet::with_capacity(self.chunks.len());
         for c in &self.chunks {
@@ -226,17 +352,95 @@ impl Tree {
     /// Parses a tree blob, joins it with the chunk table read from the part manifests, and
     /// validates the whole.
     pub fn from_parts(bytes: &[u8], chunks: Vec<ChunkRef>) -> Result<Tree, TreeError> {
-        let mut tree: Tree =
+        let raw: RawTree =
             serde_json::from_slice(bytes).map_err(|e| TreeError::Json(e.to_string()))?;
-        tree.chunks = chunks;
+        if !READABLE_FORMATS.contains(&raw.format) {
+            return Err(TreeError::Format(raw.format));
+        }
+        // Runs are checked against the table and the reference budget before anything is
+        // expanded, so a hostile `[0, 4294967295]` costs nothing.
+        let mut budget = MAX_CHUNK_REFS;
+        let mut entries = Vec::with_capacity(raw.entries.len());
+        for e in raw.entries {
+            let kind = match e.kind {
+                RawKind::Dir { mode } => EntryKind::Dir { mode },
+                RawKind::Symlink { target } => EntryKind::Symlink { target },
+                RawKind::File {
+                    mode,
+                    size,
+                    chunks: spans,
+                } => {
+                    let mut ids = Vec::with_capacity(spans.len().min(budget));
+                    for span in spans {
+                        let (first, count) = match span {
+                            Span::One(i) => (i, 1),
+                            Span::Run(..) if raw.format == 2 => {
+                                return Err(TreeError::Runs(e.path))
+                            }
+                            Span::Run(first, count) => (first, count),
+                        };
+                        let end = first as u64 + count as u64;
+                        if count == 0 || end > chunks.len() as u64 {
+                            return Err(TreeError::ChunkIndex(e.path));
+                        }
+                        budget = budget
+                            .checked_sub(count as usize)
+                            .ok_or(TreeError::TooManyChunkRefs)?;
+                        ids.extend(first..first + count);
+                    }
+                    EntryKind::File {
+                        mode,
+                        size,
+                        chunks: ids,
+                    }
+                }
+            };
+            entries.push(Entry { path: e.path, kind });
+        }
+        let tree = Tree {
+            format: raw.format,
+            chunking: raw.chunking,
+            chunks,
+            entries,
+        };
         tree.validate()?;
         Ok(tree)
     }
 
     /// The canonical serialisation of the tree blob: compact JSON, fields in declaration order,
-    /// without the chunk table (which the part manifests hold).
+    /// without the chunk table (which the part manifests hold). A tree keeps the format it was
+    /// read in, so re-serialising a version gives back its bytes.
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        let bytes = if self.format == 2 {
+            serde_json::to_vec(&Format2Tree {
+                format: self.format,
+                chunking: &self.chunking,
+                entries: &self.entries,
+            })
+        } else {
+            let entries = self
+                .entries
+                .iter()
+                .map(|e| Format3Entry {
+                    path: &e.path,
+                    kind: match &e.kind {
+                        EntryKind::File { mode, size, chunks } => Format3Kind::File {
+                            mode: *mode,
+                            size: *size,
+                            chunks,
+                        },
+                        EntryKind::Dir { mode } => Format3Kind::Dir { mode: *mode },
+                        EntryKind::Symlink { target } => Format3Kind::Symlink { target },
+                    },
+                })
+                .collect();
+            serde_json::to_vec(&Format3Tree {
+                format: self.format,
+                chunking: &self.chunking,
+                entries,
+            })
+        };
+        bytes.unwrap_or_default()
     }
 
     pub fn file_count(&self) -> usize {
@@ -481,21 +685,33 @@ fn image_manifest(artifact_type: &str, layers: Vec<Descriptor>) -> Blob {
     Blob::new(serde_json::to_vec(&m).unwrap_or_default())
 }
 
-/// Whether a part manifest may end after this chunk: one digest in 64, so parts average ~80
-/// chunks (~10 kB): a change re-sends about that much manifest around it.
-fn is_part_boundary(digest: &Digest) -> bool {
-    let hex = digest.hex().as_bytes();
-    hex[0] == b'0' && matches!(hex[1], b'0'..=b'3')
+/// How many leading zero bits of a chunk's digest end a part, for a table of `chunks` chunks:
+/// half the table size's bit length, between 4 and 10.
+///
+/// A change re-sends the index (one descriptor per part, ~200 bytes) and the parts around it (~125
+/// bytes per chunk), so the cheapest part size grows as the square root of the table: parts
+/// average about 24 chunks in a 2 GiB volume, 40 in 4 GiB and about 520 in 1 TiB, whose index
+/// stays near 250 kB. A version whose table crosses a power of four re-sends every part once.
+pub fn part_boundary_bits(chunks: usize) -> u32 {
+    (chunks.max(1).ilog2() / 2).clamp(4, 10)
+}
+
+/// Whether a part may end after this chunk: its digest starts with `bits` zero bits.
+fn is_part_boundary(digest: &Digest, bits: u32) -> bool {
+    let hex = digest.hex();
+    let lead = u16::from_str_radix(hex.get(..4).unwrap_or("ffff"), 16).unwrap_or(u16::MAX);
+    lead >> (16 - bits) == 0
 }
 
 /// Splits the chunk table into part-manifest-sized runs at content-defined points, so a new version
 /// that shares most chunks also shares most part manifests.
 pub fn split_parts(chunks: &[ChunkRef]) -> Vec<&[ChunkRef]> {
+    let bits = part_boundary_bits(chunks.len());
     let mut parts = Vec::new();
     let mut start = 0;
     for (i, c) in chunks.iter().enumerate() {
         let len = i + 1 - start;
-        if len >= PART_MAX || (len >= PART_MIN && is_part_boundary(&c.digest)) {
+        if len >= PART_MAX || (len >= PART_MIN && is_part_boundary(&c.digest, bits)) {
             parts.push(&chunks[start..=i]);
             start = i + 1;
         }
@@ -575,7 +791,7 @@ pub fn build_layout_for(tree: &Tree, subject: Option<Descriptor>) -> Layout {
         d
     }));
     let annotations = BTreeMap::from([
-        (ANNOTATION_FORMAT.to_owned(), FORMAT_VERSION.to_string()),
+        (ANNOTATION_FORMAT.to_owned(), tree.format.to_string()),
         (ANNOTATION_FILES.to_owned(), tree.file_count().to_string()),
         (ANNOTATION_BYTES.to_owned(), tree.total_bytes().to_string()),
         (ANNOTATION_CHUNKS.to_owned(), tree.chunks.len().to_string()),

@@ -35,6 +35,9 @@ const READAHEAD_MAX: u64 = 64 * 1024 * 1024;
 /// MiB) fetches nothing beyond the tensor, a model streaming a multi-GiB shard soon runs 64 MiB ahead.
 const READAHEAD_START: u64 = 8 * 1024 * 1024;
 
+/// The byte ranges of a safetensors file's tensors, sorted; `None` for a file that is not one.
+type TensorSpans = Option<Arc<Vec<(u64, u64)>>>;
+
 #[derive(Debug)]
 pub struct Shared {
     pub inodes: Inodes,
@@ -48,6 +51,8 @@ pub struct Shared {
     pub time: SystemTime,
     /// Per file, the reader's sequential run and how far readahead has been started.
     pub readahead: Mutex<HashMap<u64, ReadAhead>>,
+    /// Per file, its tensors once its safetensors header has been read through the mount.
+    pub tensors: Mutex<HashMap<u64, TensorSpans>>,
 }
 
 /// Sequential-read detection for one file.
@@ -157,25 +162,94 @@ impl Shared {
         Err(Errno::EIO)
     }
 
-    /// Starts fetching the chunks after a sequential reader's position. The window grows with the
-    /// sequential run (up to 64 MiB), so a random read of one tensor fetches little beyond it while
-    /// a model streaming its weights keeps many chunks in flight.
+    /// The bytes `[start, end)` of a file if every chunk holding them is in the cache.
+    fn read_cached(&self, file: &FileNode, start: u64, end: u64) -> Option<Vec<u8>> {
+        let pieces = file.pieces(start, end);
+        let all_there = pieces.iter().all(|p| {
+            self.fetcher
+                .available(&self.chunks[p.chunk as usize].digest)
+        });
+        if !all_there {
+            return None;
+        }
+        self.assemble(&pieces).ok()
+    }
+
+    /// The tensors of a safetensors file, parsed from its header once the reader has read the
+    /// header through the mount (every loader does, first). Any file whose first bytes parse as a
+    /// safetensors header counts, whatever its name; a file whose do not is remembered as not one.
+    fn tensor_spans(&self, ino: u64, file: &FileNode) -> TensorSpans {
+        if let Some(known) = self
+            .tensors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ino)
+        {
+            return known.clone();
+        }
+        if file.size < 8 {
+            return None;
+        }
+        let first8 = self.read_cached(file, 0, 8)?;
+        let spans = match vial_core::safetensors::header_len(&first8, file.size) {
+            Err(_) => None,
+            Ok(n) => {
+                let json = self.read_cached(file, 8, 8 + n)?;
+                vial_core::safetensors::parse_header(&json, file.size)
+                    .ok()
+                    .map(|t| Arc::new(t.iter().map(|t| (t.start, t.end)).collect()))
+            }
+        };
+        self.tensors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ino, spans.clone());
+        spans
+    }
+
+    /// Where the tensor holding byte `offset` ends, if the file is a safetensors file whose header
+    /// has been read.
+    fn tensor_end(&self, ino: u64, file: &FileNode, offset: u64) -> Option<u64> {
+        let spans = self.tensor_spans(ino, file)?;
+        let i = spans.partition_point(|&(_, end)| end <= offset);
+        let &(start, end) = spans.get(i)?;
+        (start <= offset).then_some(end)
+    }
+
+    /// Starts fetching chunks ahead of a reader, so they arrive in parallel rather than one read
+    /// request at a time:
+    /// - inside a safetensors tensor, the rest of the tensor (up to 64 MiB ahead): loaders read
+    ///   tensors whole, and the chunks stop at the tensor's end, so nothing else is fetched;
+    /// - after a sequential run, a window that grows with the run (up to 64 MiB), so a random read
+    ///   fetches little beyond itself while a model streaming its weights keeps many chunks in
+    ///   flight.
     fn read_ahead(self: &Arc<Self>, ino: u64, file: &FileNode, offset: u64, end: u64) {
+        // The tensor the read ends in: the kernel reads whole pages, so a read of a tensor's first
+        // bytes may start in the tail of the tensor before it.
+        let tensor_end = self
+            .tensor_end(ino, file, end.saturating_sub(1).max(offset))
+            .filter(|&e| e > end)
+            .map(|e| e.min(end + READAHEAD_MAX));
         let (start, last) = {
             let mut map = self.readahead.lock().unwrap_or_else(|p| p.into_inner());
             let ra = map.entry(ino).or_default();
-            ra.run = if offset == ra.last_end && offset != 0 {
-                ra.run + (end - offset)
+            if offset == ra.last_end && offset != 0 {
+                ra.run += end - offset;
             } else {
-                end - offset
-            };
+                // A jump: what was started ahead of the old position says nothing about this one.
+                ra.run = end - offset;
+                ra.mark = 0;
+            }
             ra.last_end = end;
-            if end >= file.size || ra.run < READAHEAD_START {
+            let sequential = (ra.run >= READAHEAD_START).then(|| end + ra.run.min(READAHEAD_MAX));
+            let Some(until) = sequential.max(tensor_end).map(|u| u.min(file.size)) else {
+                return;
+            };
+            if until <= end {
                 return;
             }
-            let window = ra.run.min(READAHEAD_MAX);
             let first = file.chunk_at(end);
-            let last = file.chunk_at((end + window).min(file.size) - 1);
+            let last = file.chunk_at(until - 1);
             let start = first.max(ra.mark);
             if last < start {
                 return;

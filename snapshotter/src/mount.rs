@@ -183,6 +183,7 @@ pub fn mount(
         gid: std::os::unix::fs::MetadataExt::gid(&owner),
         time: SystemTime::now(),
         readahead: Default::default(),
+        tensors: Default::default(),
     });
     let config = {
         let mut c = Config::default();

@@ -164,6 +164,119 @@ fn malicious_trees_are_refused_by_readers() {
 }
 
 #[test]
+fn files_list_their_chunks_as_runs_and_read_back_exactly() {
+    let mut b = TreeBuilder::new(ChunkingInfo::v1(DEFAULT_PARAMS));
+    let a: Vec<ChunkRef> = (1..=5).map(|i| chunk(i, 4)).collect();
+    b.add_file("a", 0o644, a.clone()).unwrap();
+    // Shares chunks 1 and 2 of `a`, then has two new ones and repeats its first.
+    let bs = vec![
+        a[1].clone(),
+        a[2].clone(),
+        chunk(6, 4),
+        chunk(7, 4),
+        a[1].clone(),
+    ];
+    b.add_file("b", 0o644, bs).unwrap();
+    b.add_file("c", 0o644, vec![a[4].clone()]).unwrap();
+    let tree = b.finish().unwrap();
+    let json = String::from_utf8(tree.to_json()).unwrap();
+    assert!(json.starts_with(r#"{"format":3,"#), "{json}");
+    assert!(
+        json.contains(r#""path":"a","type":"file","mode":420,"size":20,"chunks":[[0,5]]"#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#""path":"b","type":"file","mode":420,"size":20,"chunks":[[1,2],[5,2],1]"#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#""path":"c","type":"file","mode":420,"size":4,"chunks":[4]"#),
+        "{json}"
+    );
+    let back = Tree::from_parts(json.as_bytes(), tree.chunks.clone()).unwrap();
+    assert_eq!(back, tree);
+}
+
+#[test]
+fn format_2_trees_are_still_read_and_keep_their_bytes() {
+    let chunks: Vec<ChunkRef> = (1..=3).map(|i| chunk(i, 4)).collect();
+    let v2 = br#"{"format":2,"chunking":{"algorithm":"fastcdc2020+safetensors-v1","min":524288,"avg":2097152,"max":8388608},"entries":[{"path":"w","type":"file","mode":420,"size":12,"chunks":[0,1,2]}]}"#;
+    let tree = Tree::from_parts(v2, chunks.clone()).unwrap();
+    assert_eq!(tree.format, 2);
+    assert_eq!(
+        tree.to_json(),
+        v2.to_vec(),
+        "a format-2 tree re-serialises to its own bytes"
+    );
+    let layout = build_layout(&tree);
+    let index = VolumeIndex::parse(&layout.index.bytes).unwrap();
+    assert_eq!(index.annotation(ANNOTATION_FORMAT), Some("2"));
+    // Runs are a format-3 encoding: a format-2 blob using them is refused.
+    let runs = String::from_utf8_lossy(v2).replace("[0,1,2]", "[[0,3]]");
+    assert!(matches!(
+        Tree::from_parts(runs.as_bytes(), chunks),
+        Err(TreeError::Runs(_))
+    ));
+}
+
+#[test]
+fn hostile_runs_are_refused_before_anything_is_expanded() {
+    let table: Vec<ChunkRef> = (0..1000).map(|i| chunk(i, 1)).collect();
+    let tree_with = |entries: String| {
+        format!(
+            r#"{{"format":3,"chunking":{{"algorithm":"x","min":1,"avg":2,"max":4}},"entries":[{entries}]}}"#
+        )
+    };
+    let file = |path: &str, size: u64, chunks: &str| {
+        format!(r#"{{"path":"{path}","type":"file","mode":420,"size":{size},"chunks":{chunks}}}"#)
+    };
+    for chunks in [
+        "[[0,4294967295]]",
+        "[[4294967295,2]]",
+        "[[999,2]]",
+        "[[0,0]]",
+        "[1000]",
+    ] {
+        let json = tree_with(file("f", 0, chunks));
+        assert!(
+            matches!(
+                Tree::from_parts(json.as_bytes(), table.clone()),
+                Err(TreeError::ChunkIndex(_))
+            ),
+            "{chunks} accepted"
+        );
+    }
+    // Many files each naming the whole table: within the table, but past the reference budget.
+    let files = (0..20_000)
+        .map(|i| file(&format!("f{i:05}"), 1000, "[[0,1000]]"))
+        .collect::<Vec<_>>()
+        .join(",");
+    assert!(matches!(
+        Tree::from_parts(tree_with(files).as_bytes(), table),
+        Err(TreeError::TooManyChunkRefs)
+    ));
+}
+
+#[test]
+fn parts_grow_with_the_square_root_of_the_table() {
+    for (n, low, high) in [
+        (1_000usize, 14.0, 40.0),
+        (4_000, 25.0, 70.0),
+        (600_000, 300.0, 800.0),
+    ] {
+        let chunks: Vec<ChunkRef> = (0..n as u64).map(|i| chunk(i, 1)).collect();
+        let parts = split_parts(&chunks);
+        let mean = n as f64 / parts.len() as f64;
+        assert!(
+            (low..high).contains(&mean),
+            "{n} chunks: parts average {mean:.1} chunks"
+        );
+        assert!(parts.iter().all(|p| p.len() <= PART_MAX));
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.len() >= PART_MIN));
+    }
+}
+
+#[test]
 fn a_one_tib_volume_of_100k_files_keeps_every_manifest_under_4_mib() {
     // 100,000 files of 11 MiB + 3 bytes each, in chunks of up to 2 MiB: over 1 TiB, 600,000 chunks.
     let mut b = TreeBuilder::new(ChunkingInfo::v1(DEFAULT_PARAMS));
