@@ -1278,6 +1278,15 @@ fn evaluate(r: &MountResults) -> Vec<Goal> {
                 format!("{} ({} vs {} MB/s)", times(x), num(m, 1), num(d, 1)),
             );
         }
+        // Both from the disk: the node cache's chunk files against the original files.
+        let (m, d) = (mb_s(s, NODE_CACHE_DROPPED), mb_s(s, LOCAL_COLD));
+        let x = ratio(m, d);
+        goal(
+            &mut g,
+            format!("{l}: warm read (node cache, page cache dropped) >= 0.7x local disk (cold)"),
+            x.map(|x| x >= 0.7),
+            format!("{} ({} vs {} MB/s)", times(x), num(m, 1), num(d, 1)),
+        );
     }
     g
 }

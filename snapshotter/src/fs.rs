@@ -35,6 +35,9 @@ const READAHEAD_MAX: u64 = 64 * 1024 * 1024;
 /// MiB) fetches nothing beyond the tensor, a model streaming a multi-GiB shard soon runs 64 MiB ahead.
 const READAHEAD_START: u64 = 8 * 1024 * 1024;
 
+/// The kernel's page size: reads through the page cache start on a page boundary.
+const PAGE: u64 = 4096;
+
 /// The byte ranges of a safetensors file's tensors, sorted; `None` for a file that is not one.
 type TensorSpans = Option<Arc<Vec<(u64, u64)>>>;
 
@@ -218,22 +221,38 @@ impl Shared {
 
     /// Starts fetching chunks ahead of a reader, so they arrive in parallel rather than one read
     /// request at a time:
-    /// - inside a safetensors tensor, the rest of the tensor (up to 64 MiB ahead): loaders read
-    ///   tensors whole, and the chunks stop at the tensor's end, so nothing else is fetched;
+    /// - when a read jumps into a safetensors tensor, the rest of the tensor (up to 64 MiB ahead):
+    ///   loaders read tensors whole, and the chunks stop at the tensor's end, so nothing else is
+    ///   fetched;
     /// - after a sequential run, a window that grows with the run (up to 64 MiB), so a random read
     ///   fetches little beyond itself while a model streaming its weights keeps many chunks in
     ///   flight.
+    ///
+    /// Only a jump says where a program chose to read. Requests that continue the previous one are
+    /// often the kernel's own read-ahead running past what was asked (a header read runs into the
+    /// embedding table, a tensor read into the next tensor); they must not pull in whole tensors.
     fn read_ahead(self: &Arc<Self>, ino: u64, file: &FileNode, offset: u64, end: u64) {
-        // The tensor the read ends in: the kernel reads whole pages, so a read of a tensor's first
-        // bytes may start in the tail of the tensor before it.
-        let tensor_end = self
-            .tensor_end(ino, file, end.saturating_sub(1).max(offset))
+        let continues = |ra: &ReadAhead| offset == ra.last_end && offset != 0;
+        let jump = !self
+            .readahead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ino)
+            .is_some_and(continues);
+        // The kernel reads whole pages: the program's read starts within the request's first page,
+        // which may begin in the tail of the tensor before.
+        let tensor_end = jump
+            .then(|| {
+                let first_page_end = (offset | (PAGE - 1)).min(end.saturating_sub(1));
+                self.tensor_end(ino, file, first_page_end.max(offset))
+            })
+            .flatten()
             .filter(|&e| e > end)
             .map(|e| e.min(end + READAHEAD_MAX));
         let (start, last) = {
             let mut map = self.readahead.lock().unwrap_or_else(|p| p.into_inner());
             let ra = map.entry(ino).or_default();
-            if offset == ra.last_end && offset != 0 {
+            if continues(ra) {
                 ra.run += end - offset;
             } else {
                 // A jump: what was started ahead of the old position says nothing about this one.
@@ -255,11 +274,23 @@ impl Shared {
                 return;
             }
             ra.mark = last + 1;
+            tracing::trace!(
+                ino,
+                offset,
+                end,
+                ?tensor_end,
+                ?sequential,
+                start,
+                last,
+                "read-ahead"
+            );
             (start, last)
         };
+        let mut cached = Vec::new();
         for i in start..=last {
             let c = &self.chunks[file.chunks[i] as usize];
             if self.fetcher.available(&c.digest) {
+                cached.push(c.digest.clone());
                 continue;
             }
             let (me, digest, size) = (Arc::clone(self), c.digest.clone(), c.size);
@@ -272,6 +303,12 @@ impl Shared {
                     me.stats.prefetched_chunks.fetch_add(1, Ordering::Relaxed);
                 }
             });
+        }
+        // Chunks already in the node cache are read ahead too, from its disk.
+        if !cached.is_empty() {
+            let me = Arc::clone(self);
+            self.runtime
+                .spawn_blocking(move || me.fetcher.cache().will_need(&cached));
         }
     }
 }
