@@ -730,7 +730,25 @@ impl Registry {
             }
             _ => return Err(self.error(r, &action).await),
         }
-        r.bytes().await.map_err(|e| self.transport(e))
+        self.collect_aligned(r).await
+    }
+
+    /// Collects a response body into memory that starts on a page boundary. Hashing misaligned
+    /// memory is markedly slower on the machines measured (docs/performance.md), and the node cache
+    /// writes page-aligned buffers to disk without copying them. Alignment is kept when the body
+    /// is no longer than its announced length (at most 64 MiB is reserved up front).
+    async fn collect_aligned(&self, r: reqwest::Response) -> Result<Bytes, ClientError> {
+        const ALIGN: usize = 4096;
+        const MAX_RESERVE: u64 = 64 << 20;
+        let hint = r.content_length().unwrap_or(0).min(MAX_RESERVE) as usize;
+        let mut buf: Vec<u8> = Vec::with_capacity(hint + ALIGN);
+        let start = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
+        buf.resize(start, 0);
+        let mut body = r.bytes_stream();
+        while let Some(frame) = body.next().await {
+            buf.extend_from_slice(&frame.map_err(|e| self.transport(e))?);
+        }
+        Ok(Bytes::from(buf).slice(start..))
     }
 
     /// Streams a whole blob without holding it in memory. The caller verifies the digest of what

@@ -1,7 +1,7 @@
 //! Fetching chunks into the node cache: one download per chunk however many readers want it,
 //! a bounded number in flight, every one verified before it is stored.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,6 +39,39 @@ pub enum FetchError {
 
 /// Memory for verified chunks waiting for their cache write.
 const PENDING_MIB: usize = 256;
+/// Memory for verified chunks already written, most recent first. Cache writes bypass the page
+/// cache, so this is where a reader that read-ahead got ahead of finds its chunks.
+const RECENT_BYTES: u64 = 128 << 20;
+
+/// Verified chunks served from memory: those on their way into the cache, and the most recently
+/// written ones.
+#[derive(Debug, Default)]
+struct InMemory {
+    chunks: HashMap<Digest, bytes::Bytes>,
+    /// Written chunks still held, oldest first, and their total size.
+    recent: VecDeque<Digest>,
+    recent_bytes: u64,
+}
+
+impl InMemory {
+    /// A chunk's cache write finished: keep it among the recent ones, dropping the oldest beyond
+    /// [`RECENT_BYTES`].
+    fn written(&mut self, digest: &Digest) {
+        let Some(size) = self.chunks.get(digest).map(|b| b.len() as u64) else {
+            return;
+        };
+        self.recent.push_back(digest.clone());
+        self.recent_bytes += size;
+        while self.recent_bytes > RECENT_BYTES {
+            let Some(old) = self.recent.pop_front() else {
+                break;
+            };
+            if let Some(b) = self.chunks.remove(&old) {
+                self.recent_bytes = self.recent_bytes.saturating_sub(b.len() as u64);
+            }
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct Fetcher {
@@ -49,7 +82,7 @@ pub struct Fetcher {
     inflight: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
     /// Verified chunks on their way into the cache, served from memory meanwhile: a read never
     /// waits for a disk write.
-    pending: Arc<Mutex<HashMap<Digest, bytes::Bytes>>>,
+    pending: Arc<Mutex<InMemory>>,
     /// Bounds the memory held in `pending`, in MiB; when the disk falls behind, downloads wait.
     pending_budget: Arc<Semaphore>,
     /// Downloads for reads an application is waiting on.
@@ -89,7 +122,7 @@ impl Fetcher {
             cache,
             stats,
             inflight: Mutex::new(HashMap::new()),
-            pending: Arc::new(Mutex::new(HashMap::new())),
+            pending: Arc::new(Mutex::new(InMemory::default())),
             pending_budget: Arc::new(Semaphore::new(PENDING_MIB)),
             demand: Semaphore::new(parallel.max(1)),
             background: Semaphore::new((parallel / 2).max(1)),
@@ -106,20 +139,25 @@ impl Fetcher {
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .chunks
             .contains_key(digest)
             || self.cache.contains_verified(digest)
     }
 
-    /// Reads from a chunk that is [`available`](Self::available): from memory while its cache write
-    /// is under way, from the cache file after.
-    pub fn read_at(&self, digest: &Digest, offset: u64, buf: &mut [u8]) -> Result<(), CacheError> {
-        let pending = self
-            .pending
+    /// The chunk's bytes if they are held in memory (on their way to the cache, or recent).
+    pub fn in_memory(&self, digest: &Digest) -> Option<bytes::Bytes> {
+        self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .chunks
             .get(digest)
-            .cloned();
-        match pending {
+            .cloned()
+    }
+
+    /// Reads from a chunk that is [`available`](Self::available): from memory while its cache write
+    /// is under way and for a while after, from the cache file after that.
+    pub fn read_at(&self, digest: &Digest, offset: u64, buf: &mut [u8]) -> Result<(), CacheError> {
+        match self.in_memory(digest) {
             Some(bytes) => {
                 let start = offset as usize;
                 let slice = bytes
@@ -242,6 +280,7 @@ impl Fetcher {
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .chunks
             .insert(digest.clone(), bytes.clone());
         let (cache, pending, d) = (
             Arc::clone(&self.cache),
@@ -249,10 +288,16 @@ impl Fetcher {
             digest.clone(),
         );
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = cache.insert(&d, &bytes) {
-                tracing::warn!(digest = %d, error = %vial_core::error_chain(&e), "cannot store chunk in the cache; it will be fetched again");
+            let stored = cache.insert(&d, &bytes);
+            let mut memory = pending.lock().unwrap_or_else(|p| p.into_inner());
+            match stored {
+                Ok(()) => memory.written(&d),
+                Err(e) => {
+                    tracing::warn!(digest = %d, error = %vial_core::error_chain(&e), "cannot store chunk in the cache; it will be fetched again");
+                    memory.chunks.remove(&d);
+                }
             }
-            pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&d);
+            drop(memory);
             drop(budget);
         });
         self.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);

@@ -117,8 +117,19 @@ impl Shared {
         v
     }
 
-    /// Copies the pieces out of the cache. `Err(None)` means a chunk is not (or no longer) there.
-    fn assemble(&self, pieces: &[Piece]) -> Result<Vec<u8>, Option<CacheError>> {
+    /// The bytes of the pieces, from memory or the cache. A read within one chunk held in memory
+    /// (most reads of a cold mount) is a slice of it, not a copy. `Err(None)` means a chunk is not
+    /// (or no longer) there.
+    fn assemble(&self, pieces: &[Piece]) -> Result<bytes::Bytes, Option<CacheError>> {
+        if let [p] = pieces {
+            let digest = &self.chunks[p.chunk as usize].digest;
+            if let Some(chunk) = self.fetcher.in_memory(digest) {
+                let (start, end) = (p.offset as usize, (p.offset + p.len) as usize);
+                if end <= chunk.len() {
+                    return Ok(chunk.slice(start..end));
+                }
+            }
+        }
         let total: u64 = pieces.iter().map(|p| p.len).sum();
         let mut buf = vec![0u8; total as usize];
         let mut pos = 0usize;
@@ -135,11 +146,11 @@ impl Shared {
             }
             pos += len;
         }
-        Ok(buf)
+        Ok(buf.into())
     }
 
     /// Fetches what is missing, then reads. Runs on the async runtime.
-    async fn read_async(self: Arc<Self>, pieces: Vec<Piece>) -> Result<Vec<u8>, Errno> {
+    async fn read_async(self: Arc<Self>, pieces: Vec<Piece>) -> Result<bytes::Bytes, Errno> {
         // A chunk can be evicted between being fetched and being read when the cache is tiny
         // compared with the readers' working set; try a few times before giving up.
         for _ in 0..4 {
@@ -175,7 +186,7 @@ impl Shared {
         if !all_there {
             return None;
         }
-        self.assemble(&pieces).ok()
+        self.assemble(&pieces).ok().map(|b| b.to_vec())
     }
 
     /// The tensors of a safetensors file, parsed from its header once the reader has read the
