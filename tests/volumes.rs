@@ -248,6 +248,66 @@ fn tag_moves_are_compare_and_swap() {
 }
 
 #[test]
+fn a_push_whose_tag_moved_meanwhile_seals_the_version_and_leaves_the_tag() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let reference = format!("{}/weights/cas-push", server.addr);
+    let dir = home.path().join("v");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("w.bin"), pseudo_random(5000, 1)).unwrap();
+    let first = push_json(home.path(), &dir, &reference, &["--tag", "prod"]);
+    let first = first["digest"].as_str().unwrap().to_owned();
+
+    // The pusher believes prod is still at some other version: the tag must not move, but the
+    // version it sealed is there, by digest, and the error says so.
+    std::fs::write(dir.join("w.bin"), pseudo_random(5000, 2)).unwrap();
+    let stale = format!("sha256:{}", "0".repeat(64));
+    let out = vial(
+        home.path(),
+        &[
+            "push",
+            dir.to_str().unwrap(),
+            &reference,
+            "--tag",
+            "prod",
+            "--expect",
+            &stale,
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is sealed, but tag prod was not moved") && err.contains("tag prod moved"),
+        "{err}"
+    );
+    let sealed = err
+        .split("version ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap()
+        .to_owned();
+    assert_ne!(sealed, first);
+    let inspect = vial_ok(
+        home.path(),
+        &["inspect", &format!("{reference}@{sealed}"), "--json"],
+    );
+    assert!(inspect.contains("w.bin"), "{inspect}");
+    let tags = vial_ok(home.path(), &["tag", "ls", &reference, "--json"]);
+    assert!(tags.contains(&first) && !tags.contains(&sealed), "{tags}");
+
+    // With the right expectation, the same push moves it: one request seals and tags.
+    let moved = push_json(
+        home.path(),
+        &dir,
+        &reference,
+        &["--tag", "prod", "--expect", &first],
+    );
+    assert_eq!(moved["digest"].as_str().unwrap(), sealed);
+    let tags = vial_ok(home.path(), &["tag", "ls", &reference, "--json"]);
+    assert!(tags.contains(&sealed) && !tags.contains(&first), "{tags}");
+}
+
+#[test]
 fn an_interrupted_push_publishes_nothing_and_the_next_push_sends_only_the_rest() {
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
