@@ -12,6 +12,36 @@ use crate::support::proxy::{Fault, Proxy};
 use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
 use crate::support::Server;
 
+/// A safetensors header read through the mount, as a loader reads it.
+struct Header {
+    /// Bytes before the first tensor: the 8-byte length and the JSON.
+    len: u64,
+    json: serde_json::Value,
+}
+
+impl Header {
+    fn read(f: &std::fs::File) -> Header {
+        let mut len = [0u8; 8];
+        f.read_exact_at(&mut len, 0).unwrap();
+        let n = u64::from_le_bytes(len);
+        let mut json = vec![0u8; n as usize];
+        f.read_exact_at(&mut json, 8).unwrap();
+        Header {
+            len: 8 + n,
+            json: serde_json::from_slice(&json).unwrap(),
+        }
+    }
+
+    /// A tensor's byte range in the file.
+    fn tensor(&self, name: &str) -> (u64, u64) {
+        let o = &self.json[name]["data_offsets"];
+        (
+            self.len + o[0].as_u64().unwrap(),
+            self.len + o[1].as_u64().unwrap(),
+        )
+    }
+}
+
 fn checkpoint(dir: &Path, shards: u64, seed: u64) {
     std::fs::create_dir_all(dir.join("tokenizer")).unwrap();
     for s in 0..shards {
@@ -137,19 +167,12 @@ fn reading_one_tensor_fetches_only_its_chunks() {
 
     // Tensor t5 of the last shard: find it in the header, read it, compare.
     let path = m.path.join(format!("model-{}.safetensors", shards - 1));
-    let mut f = std::fs::File::open(&path).unwrap();
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).unwrap();
-    let n = u64::from_le_bytes(len);
-    let mut header = vec![0u8; n as usize];
-    f.read_exact(&mut header).unwrap();
-    let header: serde_json::Value = serde_json::from_slice(&header).unwrap();
-    let (b, e) = (
-        header["t5"]["data_offsets"][0].as_u64().unwrap(),
-        header["t5"]["data_offsets"][1].as_u64().unwrap(),
-    );
+    let f = std::fs::File::open(&path).unwrap();
+    let header = Header::read(&f);
+    let n = header.len - 8;
+    let (b, e) = header.tensor("t5");
     let mut tensor = vec![0u8; (e - b) as usize];
-    f.read_exact_at(&mut tensor, 8 + n + b).unwrap();
+    f.read_exact_at(&mut tensor, b).unwrap();
     assert_eq!(tensor, pseudo_random((e - b) as usize, 300 + 5));
 
     let fetched = m.stats()["bytes_fetched"].as_u64().unwrap();
@@ -191,26 +214,14 @@ fn reading_the_start_of_a_tensor_fetches_the_rest_of_it_and_nothing_beyond() {
 
     // A loader reads the header, then the tensor; here only the tensor's first 4 KiB.
     let f = std::fs::File::open(m.path.join("model.safetensors")).unwrap();
-    let mut len = [0u8; 8];
-    f.read_exact_at(&mut len, 0).unwrap();
-    let n = u64::from_le_bytes(len);
-    let mut header = vec![0u8; n as usize];
-    f.read_exact_at(&mut header, 8).unwrap();
-    let header: serde_json::Value = serde_json::from_slice(&header).unwrap();
-    let offsets = |name: &str| {
-        let o = &header[name]["data_offsets"];
-        (
-            8 + n + o[0].as_u64().unwrap(),
-            8 + n + o[1].as_u64().unwrap(),
-        )
-    };
-    let ((a_start, a_end), (b, e)) = (offsets("a"), offsets("big"));
+    let header = Header::read(&f);
+    let ((a_start, a_end), (b, e)) = (header.tensor("a"), header.tensor("big"));
     let mut first = vec![0u8; 4096];
     f.read_exact_at(&mut first, b).unwrap();
     assert_eq!(first, pseudo_random(4096, 2));
 
     // The rest of the tensor arrives without being asked for.
-    let header_bytes = 8 + n;
+    let header_bytes = header.len;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut fetched = 0;
     while Instant::now() < deadline {
