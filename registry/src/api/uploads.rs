@@ -498,8 +498,9 @@ fn declared_length(req: &Request, range: Option<(u64, u64)>) -> Result<Option<u6
     }
 }
 
-/// Largest refused chunk the registry still reads to the end (see `append`).
-const DRAIN_LIMIT: u64 = 4 << 20;
+/// Largest refused chunk the registry still reads to the end (see `append`): above the 5 MiB
+/// chunks that clients of S3-backed registries send (OCI-Chunk-Min-Length), with room to spare.
+const DRAIN_LIMIT: u64 = 16 << 20;
 
 fn out_of_order(current: u64, start: u64) -> ApiError {
     ApiError::new(
