@@ -293,22 +293,47 @@ impl VialSnapshotter {
 /// A mountpoint left by a process that died: the kernel answers ENOTCONN for it until it is
 /// unmounted.
 fn clear_stale_mount(path: &Path) {
-    if let Err(e) = std::fs::metadata(path) {
-        if e.raw_os_error() == Some(107) {
-            tracing::info!(path = %path.display(), "clearing a stale mount left by an earlier process");
-            let unmounted = std::process::Command::new("fusermount3")
-                .args(["-u", "-z"])
+    // A mount left by a killed snapshotter: its FUSE daemon is gone (ENOTCONN), or fusermount3's
+    // own clean-up of it has not finished yet. Mounting on top would stack a second mount that a
+    // later unmount would uncover, so detach whatever is there first (a few times, for stacks).
+    for _ in 0..4 {
+        if !is_mountpoint(path) {
+            return;
+        }
+        tracing::info!(path = %path.display(), "clearing a stale mount left by an earlier process");
+        let unmounted = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(path)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
                 .arg(path)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !unmounted {
-                let _ = std::process::Command::new("umount")
-                    .arg("-l")
-                    .arg(path)
-                    .status();
-            }
+                .status();
         }
     }
+}
+
+/// Whether something is mounted at `path`, from /proc/self/mounts (whose paths escape spaces,
+/// tabs, newlines and backslashes as octal).
+fn is_mountpoint(path: &Path) -> bool {
+    let escaped: String = path
+        .to_string_lossy()
+        .chars()
+        .map(|c| match c {
+            ' ' => "\\040".to_owned(),
+            '\t' => "\\011".to_owned(),
+            '\n' => "\\012".to_owned(),
+            '\\' => "\\134".to_owned(),
+            c => c.to_string(),
+        })
+        .collect();
+    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|mounts| {
+        mounts
+            .lines()
+            .any(|line| line.split(' ').nth(1) == Some(escaped.as_str()))
+    })
 }
 
 /// How containerd mounts snapshot `key`: a bind of its directory (or of its one parent, for a
