@@ -5,7 +5,7 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::support::model::write_safetensors;
+use crate::support::model::{write_safetensors, TensorSpec};
 use crate::support::mount::{fuse_available, Mount};
 use crate::support::oci::pseudo_random;
 use crate::support::proxy::{Fault, Proxy};
@@ -76,11 +76,38 @@ fn push_files(
     name: &str,
     files: &[(&str, usize, u64)],
 ) -> (PathBuf, serde_json::Value) {
+    push_written(server, home, name, |src| {
+        for (file, size, seed) in files {
+            std::fs::write(src.join(file), pseudo_random(*size, *seed)).unwrap();
+        }
+    })
+}
+
+/// Safetensors files (name, tensors) in `home/src`, pushed as `weights/<name>:v1`.
+fn push_safetensors(
+    server: &Server,
+    home: &Path,
+    name: &str,
+    files: &[(String, Vec<TensorSpec>)],
+) -> PathBuf {
+    let (src, _) = push_written(server, home, name, |src| {
+        for (file, tensors) in files {
+            write_safetensors(&src.join(file), tensors);
+        }
+    });
+    src
+}
+
+/// Fills `home/src` with `write` and pushes it as `weights/<name>:v1`.
+fn push_written(
+    server: &Server,
+    home: &Path,
+    name: &str,
+    write: impl FnOnce(&Path),
+) -> (PathBuf, serde_json::Value) {
     let src = home.join("src");
     std::fs::create_dir_all(&src).unwrap();
-    for (file, size, seed) in files {
-        std::fs::write(src.join(file), pseudo_random(*size, *seed)).unwrap();
-    }
+    write(&src);
     let reference = format!("{}/weights/{name}", server.addr);
     let report = push_json(home, &src, &reference, &["--tag", "v1"]);
     (src, report)
@@ -145,25 +172,22 @@ fn reading_one_tensor_fetches_only_its_chunks() {
     }
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
-    let src = home.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
     let shards = 4u64;
-    for s in 0..shards {
-        let tensors: Vec<_> = (0..10u64)
-            .map(|t| (format!("t{t}"), 3_000_000, s * 100 + t))
-            .collect();
-        write_safetensors(&src.join(format!("model-{s}.safetensors")), &tensors);
-    }
-    let total: u64 = (0..shards)
+    let files: Vec<_> = (0..shards)
         .map(|s| {
-            std::fs::metadata(src.join(format!("model-{s}.safetensors")))
-                .unwrap()
-                .len()
+            let tensors = (0..10u64)
+                .map(|t| (format!("t{t}"), 3_000_000, s * 100 + t))
+                .collect();
+            (format!("model-{s}.safetensors"), tensors)
         })
+        .collect();
+    let src = push_safetensors(&server, home.path(), "one-tensor", &files);
+    let total: u64 = files
+        .iter()
+        .map(|(name, _)| std::fs::metadata(src.join(name)).unwrap().len())
         .sum();
-    let reference = format!("{}/weights/one-tensor", server.addr);
-    push_json(home.path(), &src, &reference, &["--tag", "v1"]);
-    let m = Mount::new(home.path(), &format!("{reference}:v1"), "mnt", &[]);
+    let reference = format!("{}/weights/one-tensor:v1", server.addr);
+    let m = Mount::new(home.path(), &reference, "mnt", &[]);
 
     // Tensor t5 of the last shard: find it in the header, read it, compare.
     let path = m.path.join(format!("model-{}.safetensors", shards - 1));
@@ -199,18 +223,16 @@ fn reading_the_start_of_a_tensor_fetches_the_rest_of_it_and_nothing_beyond() {
     }
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
-    let src = home.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
     // 3 MB, 24 MB and 30 MB tensors: the middle one is about ten chunks.
-    let tensors = [
+    let tensors = vec![
         ("a".to_string(), 1_500_000, 1),
         ("big".to_string(), 12_000_000, 2),
         ("c".to_string(), 15_000_000, 3),
     ];
-    write_safetensors(&src.join("model.safetensors"), &tensors);
-    let reference = format!("{}/weights/tensor-ahead", server.addr);
-    push_json(home.path(), &src, &reference, &["--tag", "v1"]);
-    let m = Mount::new(home.path(), &format!("{reference}:v1"), "mnt", &[]);
+    let files = [("model.safetensors".to_string(), tensors)];
+    push_safetensors(&server, home.path(), "tensor-ahead", &files);
+    let reference = format!("{}/weights/tensor-ahead:v1", server.addr);
+    let m = Mount::new(home.path(), &reference, "mnt", &[]);
 
     // A loader reads the header, then the tensor; here only the tensor's first 4 KiB.
     let f = std::fs::File::open(m.path.join("model.safetensors")).unwrap();

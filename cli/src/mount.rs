@@ -294,22 +294,10 @@ fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> an
 
 pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
     let mp = &args.mountpoint;
-    let tools: [(&str, &[&str]); 2] = if args.lazy {
-        [("fusermount3", &["-u", "-z"]), ("umount", &["-l"])]
-    } else {
-        [("fusermount3", &["-u"]), ("umount", &[])]
+    let Err(last_error) = vial_snapshotter::mount::unmount_path(mp, args.lazy) else {
+        eprintln!("unmounted {}", mp.display());
+        return Ok(());
     };
-    let mut last_error = String::new();
-    for (tool, flags) in tools {
-        match Command::new(tool).args(flags).arg(mp).output() {
-            Ok(out) if out.status.success() => {
-                eprintln!("unmounted {}", mp.display());
-                return Ok(());
-            }
-            Ok(out) => last_error = String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            Err(_) => continue,
-        }
-    }
     if last_error.contains("busy") {
         bail!(
             "{} is busy: files are open on it (close them, or use `vial umount --lazy`)",

@@ -72,14 +72,13 @@ impl ChunkingInfo {
 }
 
 /// One entry of the tree. Files list their chunks as indexes into [`Tree::chunks`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryKind {
     File {
         mode: u32,
         size: u64,
         /// Written as runs (`[first, count]`, or a bare index for a run of one) by
-        /// [`Tree::to_json`]; expanded here.
+        /// [`Tree::to_json`] (format 3); expanded here.
         chunks: Vec<u32>,
     },
     Dir {
@@ -90,10 +89,9 @@ pub enum EntryKind {
     },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub path: String,
-    #[serde(flatten)]
     pub kind: EntryKind,
 }
 
@@ -102,12 +100,11 @@ pub struct Entry {
 /// The chunk table is not part of the tree blob: it is the concatenation of the part manifests'
 /// layers, so a new version re-sends only the parts that changed, and the tree blob stays a few
 /// dozen bytes per file whatever the file sizes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tree {
     pub format: u32,
     pub chunking: ChunkingInfo,
     /// Distinct chunks in order of first use; stored as the layers of the part manifests.
-    #[serde(skip)]
     pub chunks: Vec<ChunkRef>,
     pub entries: Vec<Entry>,
 }
@@ -180,59 +177,29 @@ enum Span {
     Run(u32, u32),
 }
 
-/// Writes a file's chunk indexes as runs of consecutive indexes. Chunks are numbered in order of
-/// first use, so a file whose chunks appear nowhere earlier is one run whatever its size.
-fn serialize_runs<S: serde::Serializer>(chunks: &[u32], s: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeSeq;
-    let mut seq = s.serialize_seq(None)?;
-    let mut i = 0;
-    while i < chunks.len() {
-        let first = chunks[i];
-        let mut count = 1;
-        while i + count < chunks.len() && chunks[i + count] == first.wrapping_add(count as u32) {
-            count += 1;
-        }
-        if count == 1 {
-            seq.serialize_element(&first)?;
-        } else {
-            seq.serialize_element(&[first, count as u32])?;
-        }
-        i += count;
-    }
-    seq.end()
-}
-
-/// A format-2 tree serialises each file's chunks one index per element.
+/// The tree blob as it is written: [`Tree`]'s fields without the chunk table, each file's chunks
+/// as runs (format 3) or one index per element (format 2).
 #[derive(Serialize)]
-struct Format2Tree<'a> {
+struct TreeOut<'a> {
     format: u32,
     chunking: &'a ChunkingInfo,
-    entries: &'a [Entry],
-}
-
-/// A format-3 tree: the same, with runs.
-#[derive(Serialize)]
-struct Format3Tree<'a> {
-    format: u32,
-    chunking: &'a ChunkingInfo,
-    entries: Vec<Format3Entry<'a>>,
+    entries: Vec<EntryOut<'a>>,
 }
 
 #[derive(Serialize)]
-struct Format3Entry<'a> {
+struct EntryOut<'a> {
     path: &'a str,
     #[serde(flatten)]
-    kind: Format3Kind<'a>,
+    kind: KindOut<'a>,
 }
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
-enum Format3Kind<'a> {
+enum KindOut<'a> {
     File {
         mode: u32,
         size: u64,
-        #[serde(serialize_with = "serialize_runs")]
-        chunks: &'a [u32],
+        chunks: ChunkList<'a>,
     },
     Dir {
         mode: u32,
@@ -240,6 +207,40 @@ enum Format3Kind<'a> {
     Symlink {
         target: &'a str,
     },
+}
+
+/// A file's chunk indexes, written as runs of consecutive indexes or one by one.
+struct ChunkList<'a> {
+    ids: &'a [u32],
+    runs: bool,
+}
+
+impl Serialize for ChunkList<'_> {
+    /// Runs: chunks are numbered in order of first use, so a file whose chunks appear nowhere
+    /// earlier is one run whatever its size.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        if !self.runs {
+            return self.ids.serialize(s);
+        }
+        let ids = self.ids;
+        let mut seq = s.serialize_seq(None)?;
+        let mut i = 0;
+        while i < ids.len() {
+            let first = ids[i];
+            let mut count = 1;
+            while i + count < ids.len() && ids[i + count] == first.wrapping_add(count as u32) {
+                count += 1;
+            }
+            if count == 1 {
+                seq.serialize_element(&first)?;
+            } else {
+                seq.serialize_element(&[first, count as u32])?;
+            }
+            i += count;
+        }
+        seq.end()
+    }
 }
 
 /// Checks one path: relative, `/`-separated, no empty, `.` or `..` components, no NUL.
@@ -411,36 +412,29 @@ impl Tree {
     /// without the chunk table (which the part manifests hold). A tree keeps the format it was
     /// read in, so re-serialising a version gives back its bytes.
     pub fn to_json(&self) -> Vec<u8> {
-        let bytes = if self.format == 2 {
-            serde_json::to_vec(&Format2Tree {
-                format: self.format,
-                chunking: &self.chunking,
-                entries: &self.entries,
-            })
-        } else {
-            let entries = self
-                .entries
-                .iter()
-                .map(|e| Format3Entry {
-                    path: &e.path,
-                    kind: match &e.kind {
-                        EntryKind::File { mode, size, chunks } => Format3Kind::File {
-                            mode: *mode,
-                            size: *size,
-                            chunks,
-                        },
-                        EntryKind::Dir { mode } => Format3Kind::Dir { mode: *mode },
-                        EntryKind::Symlink { target } => Format3Kind::Symlink { target },
+        let runs = self.format != 2;
+        let entries = self
+            .entries
+            .iter()
+            .map(|e| EntryOut {
+                path: &e.path,
+                kind: match &e.kind {
+                    EntryKind::File { mode, size, chunks } => KindOut::File {
+                        mode: *mode,
+                        size: *size,
+                        chunks: ChunkList { ids: chunks, runs },
                     },
-                })
-                .collect();
-            serde_json::to_vec(&Format3Tree {
-                format: self.format,
-                chunking: &self.chunking,
-                entries,
+                    EntryKind::Dir { mode } => KindOut::Dir { mode: *mode },
+                    EntryKind::Symlink { target } => KindOut::Symlink { target },
+                },
             })
+            .collect();
+        let out = TreeOut {
+            format: self.format,
+            chunking: &self.chunking,
+            entries,
         };
-        bytes.unwrap_or_default()
+        serde_json::to_vec(&out).unwrap_or_default()
     }
 
     pub fn file_count(&self) -> usize {

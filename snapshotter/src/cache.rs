@@ -7,9 +7,10 @@
 //! synchronous write speed); instead each writing process leaves a marker in `<dir>/writers/` naming
 //! the boot it runs in, and syncs and removes it when it stops cleanly. A process that crashes
 //! leaves every chunk it renamed into place intact (written with O_DIRECT, or in the kernel's page
-//! cache where O_DIRECT is not available); only a machine that went down can leave torn files. So when a cache is opened and a marker from another boot is found, every chunk on
-//! disk is hashed again before its first use, and a mismatch deletes it; otherwise chunk files are
-//! trusted as written. Temporary files left by a crash are deleted when a cache is opened.
+//! cache where O_DIRECT is not available); only a machine that went down can leave torn files. So
+//! when a cache is opened and a marker from another boot is found, every chunk on disk is hashed
+//! again before its first use, and a mismatch deletes it; otherwise chunk files are trusted as
+//! written. Temporary files left by a crash are deleted when a cache is opened.
 //!
 //! Several processes may share one directory. Each keeps its own view of what is there and evicts
 //! to its own bound; a chunk another process evicted is simply missing on open and fetched again.

@@ -39,8 +39,8 @@ pub enum FetchError {
 
 /// Memory for verified chunks waiting for their cache write.
 const PENDING_MIB: usize = 256;
-/// Memory for verified chunks already written, most recent first. Cache writes bypass the page
-/// cache, so this is where a reader that read-ahead got ahead of finds its chunks.
+/// Memory for the most recently written verified chunks. Cache writes bypass the page cache, so
+/// this is where a reader that read-ahead got ahead of finds its chunks.
 const RECENT_BYTES: u64 = 128 << 20;
 
 /// Verified chunks served from memory: those on their way into the cache, and the most recently
@@ -80,10 +80,11 @@ pub struct Fetcher {
     cache: Arc<ChunkCache>,
     stats: Arc<Stats>,
     inflight: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
-    /// Verified chunks on their way into the cache, served from memory meanwhile: a read never
-    /// waits for a disk write.
-    pending: Arc<Mutex<InMemory>>,
-    /// Bounds the memory held in `pending`, in MiB; when the disk falls behind, downloads wait.
+    /// Verified chunks on their way into the cache, served from memory meanwhile (a read never
+    /// waits for a disk write), and the most recently written ones.
+    memory: Arc<Mutex<InMemory>>,
+    /// Bounds the memory held by chunks on their way into the cache, in MiB; when the disk falls
+    /// behind, downloads wait.
     pending_budget: Arc<Semaphore>,
     /// Downloads for reads an application is waiting on.
     demand: Semaphore,
@@ -122,7 +123,7 @@ impl Fetcher {
             cache,
             stats,
             inflight: Mutex::new(HashMap::new()),
-            pending: Arc::new(Mutex::new(InMemory::default())),
+            memory: Arc::new(Mutex::new(InMemory::default())),
             pending_budget: Arc::new(Semaphore::new(PENDING_MIB)),
             demand: Semaphore::new(parallel.max(1)),
             background: Semaphore::new((parallel / 2).max(1)),
@@ -136,7 +137,7 @@ impl Fetcher {
 
     /// Whether the chunk can be read now without fetching it.
     pub fn available(&self, digest: &Digest) -> bool {
-        self.pending
+        self.memory
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .chunks
@@ -146,7 +147,7 @@ impl Fetcher {
 
     /// The chunk's bytes if they are held in memory (on their way to the cache, or recent).
     pub fn in_memory(&self, digest: &Digest) -> Option<bytes::Bytes> {
-        self.pending
+        self.memory
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .chunks
@@ -277,27 +278,27 @@ impl Fetcher {
             .acquire_many_owned(mib)
             .await
             .map_err(|e| FetchError::Task(e.to_string()))?;
-        self.pending
+        self.memory
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .chunks
             .insert(digest.clone(), bytes.clone());
-        let (cache, pending, d) = (
+        let (cache, memory, d) = (
             Arc::clone(&self.cache),
-            Arc::clone(&self.pending),
+            Arc::clone(&self.memory),
             digest.clone(),
         );
         tokio::task::spawn_blocking(move || {
             let stored = cache.insert(&d, &bytes);
-            let mut memory = pending.lock().unwrap_or_else(|p| p.into_inner());
+            let mut held = memory.lock().unwrap_or_else(|p| p.into_inner());
             match stored {
-                Ok(()) => memory.written(&d),
+                Ok(()) => held.written(&d),
                 Err(e) => {
                     tracing::warn!(digest = %d, error = %vial_core::error_chain(&e), "cannot store chunk in the cache; it will be fetched again");
-                    memory.chunks.remove(&d);
+                    held.chunks.remove(&d);
                 }
             }
-            drop(memory);
+            drop(held);
             drop(budget);
         });
         self.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);

@@ -176,17 +176,21 @@ impl Shared {
         Err(Errno::EIO)
     }
 
-    /// The bytes `[start, end)` of a file if every chunk holding them is in the cache.
-    fn read_cached(&self, file: &FileNode, start: u64, end: u64) -> Option<Vec<u8>> {
-        let pieces = file.pieces(start, end);
-        let all_there = pieces.iter().all(|p| {
+    /// Whether every chunk the pieces touch can be read without fetching it.
+    fn all_available(&self, pieces: &[Piece]) -> bool {
+        pieces.iter().all(|p| {
             self.fetcher
                 .available(&self.chunks[p.chunk as usize].digest)
-        });
-        if !all_there {
+        })
+    }
+
+    /// The bytes `[start, end)` of a file if every chunk holding them is in the cache.
+    fn read_cached(&self, file: &FileNode, start: u64, end: u64) -> Option<bytes::Bytes> {
+        let pieces = file.pieces(start, end);
+        if !self.all_available(&pieces) {
             return None;
         }
-        self.assemble(&pieces).ok().map(|b| b.to_vec())
+        self.assemble(&pieces).ok()
     }
 
     /// The tensors of a safetensors file, parsed from its header once the reader has read the
@@ -427,12 +431,7 @@ impl Filesystem for VialFs {
             .bytes_read
             .fetch_add(end.saturating_sub(offset), Ordering::Relaxed);
         shared.read_ahead(ino.0, file, offset, end);
-        let cached = pieces.iter().all(|p| {
-            shared
-                .fetcher
-                .available(&shared.chunks[p.chunk as usize].digest)
-        });
-        if cached {
+        if shared.all_available(&pieces) {
             match shared.assemble(&pieces) {
                 Ok(buf) => return reply.data(&buf),
                 Err(Some(e)) => return reply.error(errno::from_cache(&e)),

@@ -65,6 +65,31 @@ impl std::fmt::Debug for Mounted {
     }
 }
 
+/// Unmounts whatever is mounted at `path`: with fusermount3, or umount(8) where fusermount3 is
+/// missing or refuses. `lazy` detaches the mount even while files are open on it. The error is what
+/// the last tool that ran said.
+pub fn unmount_path(path: &Path, lazy: bool) -> Result<(), String> {
+    let tools: [(&str, &[&str]); 2] = if lazy {
+        [("fusermount3", &["-u", "-z"]), ("umount", &["-l"])]
+    } else {
+        [("fusermount3", &["-u"]), ("umount", &[])]
+    };
+    let mut last_error = String::new();
+    for (tool, flags) in tools {
+        match std::process::Command::new(tool)
+            .args(flags)
+            .arg(path)
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => last_error = String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            Err(_) => continue,
+        }
+    }
+    Err(last_error)
+}
+
 impl Mounted {
     /// Unmounts (idempotent: an external `umount` may have happened already).
     ///
@@ -83,19 +108,9 @@ impl Mounted {
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }
-        for (tool, flags) in [("fusermount3", ["-u", "-z"]), ("umount", ["-l", ""])] {
-            let flags: Vec<&str> = flags.into_iter().filter(|f| !f.is_empty()).collect();
-            let ok = std::process::Command::new(tool)
-                .args(&flags)
-                .arg(&self.mountpoint)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok {
-                return;
-            }
+        if let Err(e) = unmount_path(&self.mountpoint, true) {
+            tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e, "could not detach the mount");
         }
-        tracing::warn!(mountpoint = %self.mountpoint.display(), "could not detach the mount");
     }
 
     /// Blocks until the filesystem is unmounted, by us or by someone else.

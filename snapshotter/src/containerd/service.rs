@@ -290,27 +290,18 @@ impl VialSnapshotter {
     }
 }
 
-/// A mountpoint left by a process that died: the kernel answers ENOTCONN for it until it is
-/// unmounted.
+/// Detaches whatever a killed snapshotter left mounted at `path` before it is mounted again: its
+/// FUSE daemon is gone, but fusermount3's own clean-up may not have run yet, and a stat of it can
+/// still succeed from cached attributes. Mounting on top would stack a second mount that a later
+/// unmount would uncover. A few rounds, for stacks.
 fn clear_stale_mount(path: &Path) {
-    // A mount left by a killed snapshotter: its FUSE daemon is gone (ENOTCONN), or fusermount3's
-    // own clean-up of it has not finished yet. Mounting on top would stack a second mount that a
-    // later unmount would uncover, so detach whatever is there first (a few times, for stacks).
     for _ in 0..4 {
         if !is_mountpoint(path) {
             return;
         }
         tracing::info!(path = %path.display(), "clearing a stale mount left by an earlier process");
-        let unmounted = std::process::Command::new("fusermount3")
-            .args(["-u", "-z"])
-            .arg(path)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !unmounted {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(path)
-                .status();
+        if let Err(e) = crate::mount::unmount_path(path, true) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot clear the stale mount");
         }
     }
 }
