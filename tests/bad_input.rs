@@ -40,7 +40,12 @@ fn malformed_requests_get_4xx_with_the_right_codes() {
         (c.get(format!("{base}/v2/a..b/manifests/x")), "double dot name", 400, "NAME_INVALID"),
         (c.get(format!("{base}/v2/ok/repo/blobs/sha256:xyz")), "short digest", 400, "DIGEST_INVALID"),
         (c.get(format!("{base}/v2/ok/repo/blobs/md5:d41d8cd98f00b204e9800998ecf8427e")), "unsupported algorithm", 400, "DIGEST_INVALID"),
-        (c.get(format!("{base}/v2/ok/repo/manifests/.bad")), "bad tag", 400, "TAG_INVALID"),
+        // A reference that is neither a tag nor a digest names no manifest (the official
+        // conformance suite GETs `.INVALID_MANIFEST_NAME`), but cannot name a new one either.
+        (c.get(format!("{base}/v2/ok/repo/manifests/.INVALID_MANIFEST_NAME")), "invalid reference on GET", 404, "MANIFEST_UNKNOWN"),
+        (c.get(format!("{base}/v2/ok/repo/manifests/sha256:xyz")), "invalid digest reference on GET", 404, "MANIFEST_UNKNOWN"),
+        (c.put(format!("{base}/v2/ok/repo/manifests/.bad")).header("content-type", vial_core::media::OCI_MANIFEST).body("{}"), "invalid reference on PUT", 400, "TAG_INVALID"),
+        (c.delete(format!("{base}/v2/ok/repo/manifests/md5:abc")), "invalid reference on DELETE", 400, "DIGEST_INVALID"),
         (c.get(format!("{base}/v2/ok/repo/manifests/nope")), "unknown tag", 404, "MANIFEST_UNKNOWN"),
         (c.get(format!("{base}/v2/ok/repo/blobs/{D}")), "unknown blob", 404, "BLOB_UNKNOWN"),
         (c.get(format!("{base}/v2/unknown/repo/tags/list")), "unknown repo", 404, "NAME_UNKNOWN"),

@@ -63,11 +63,17 @@ fn a_deleted_version_is_hidden_listed_and_restored_with_or_without_its_tags() {
     let v2 = push(h, "two", &volume, 2, &["v2"]);
 
     vial_ok(h, &["rm", &v1]);
-    // Hidden at once: pulls fail, its tags are gone, versions no longer lists it.
+    // Hidden at once: pulls fail, saying it was deleted and can be restored; its tags are gone,
+    // versions no longer lists it.
     fails_with(
         h,
         &["pull", &v1, h.join("out").to_str().unwrap()],
-        "not found",
+        "was deleted at",
+    );
+    fails_with(
+        h,
+        &["pull", &v1, h.join("out").to_str().unwrap()],
+        "`vial restore` brings it back until",
     );
     fails_with(
         h,

@@ -18,6 +18,8 @@ mod copy;
 mod crash;
 mod docker_registry;
 mod gc;
+mod hardening;
+mod hostile;
 mod lifecycle;
 mod mount;
 mod oras;

@@ -40,6 +40,16 @@ pub fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> a
         .block_on(f)
 }
 
+/// `1 file`, `2 files`: a count with its noun, singular or plural.
+pub fn count(n: u64, noun: &str) -> String {
+    // Every noun vial counts takes a plain -s ("file", "chunk", "blob", "manifest", "version").
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// `1.5 GiB`-style sizes.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];

@@ -7,7 +7,9 @@ use vial_client::copy::{copy, Endpoints};
 
 use std::io::IsTerminal;
 
-use crate::common::{block_on, human_bytes, parse_reference, print_json, Bars, RegistryArgs};
+use crate::common::{
+    block_on, count, human_bytes, parse_reference, print_json, Bars, RegistryArgs,
+};
 
 #[derive(Debug, Args)]
 #[command(
@@ -58,15 +60,27 @@ pub fn run(args: CopyArgs) -> anyhow::Result<()> {
         if args.json {
             return print_json(&report);
         }
-        eprintln!(
-            "copied {} manifests and {} blobs ({}), {} already there, {} mounted, in {:.1} s",
-            report.manifests,
-            report.blobs_copied,
-            human_bytes(report.bytes_copied),
-            report.blobs_present,
-            report.blobs_mounted,
-            report.seconds
+        // Within one vial registry the existence check itself links what the destination
+        // lacks (a bulk mount), so those blobs show up as already there, not as mounted.
+        let mut moved = format!(
+            "copied {} and {} ({})",
+            count(report.manifests, "manifest"),
+            count(report.blobs_copied, "blob"),
+            human_bytes(report.bytes_copied)
         );
+        if report.blobs_present > 0 {
+            moved.push_str(&format!(
+                "; {} already there or linked within the registry",
+                count(report.blobs_present, "blob")
+            ));
+        }
+        if report.blobs_mounted > 0 {
+            moved.push_str(&format!(
+                "; {} mounted from the source repository",
+                count(report.blobs_mounted, "blob")
+            ));
+        }
+        eprintln!("{moved}, in {:.1} s", report.seconds);
         let pinned = format!("{}/{}@{}", dst.registry(), dst.repo(), report.digest);
         println!("{pinned}");
         Ok(())

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 
-use crate::common::{block_on, human_bytes, print_json, RegistryArgs};
+use crate::common::{block_on, count, human_bytes, print_json, RegistryArgs};
 
 #[derive(Debug, Args)]
 #[command(
@@ -41,16 +41,16 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
         };
         if args.dry_run {
             println!(
-                "would reclaim {} in {} blobs",
+                "would reclaim {} in {}",
                 human_bytes(n("bytes")),
-                n("blobs")
+                count(n("blobs"), "blob")
             );
         } else {
             println!(
-                "reclaimed {} in {} blobs ({} expired deleted versions removed first)",
+                "reclaimed {} in {} ({} removed first)",
                 human_bytes(n("bytes")),
-                n("blobs"),
-                n("manifests_purged")
+                count(n("blobs"), "blob"),
+                count(n("manifests_purged"), "expired deleted version")
             );
         }
         Ok(())

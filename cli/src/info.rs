@@ -9,7 +9,7 @@ use vial_client::volume;
 use vial_core::volume::{EntryKind, Tree, ANNOTATION_BYTES, ANNOTATION_FILES};
 use vial_core::Digest;
 
-use crate::common::{block_on, human_bytes, parse_reference, print_json, RegistryArgs};
+use crate::common::{block_on, count, human_bytes, parse_reference, print_json, RegistryArgs};
 
 #[derive(Debug, Args)]
 pub struct VersionsArgs {
@@ -68,6 +68,17 @@ pub fn run_versions(args: VersionsArgs) -> anyhow::Result<()> {
         };
         if args.json {
             return print_json(&versions);
+        }
+        if versions.is_empty() {
+            eprintln!(
+                "{}",
+                if args.deleted {
+                    format!("{reference} has no deleted versions that can still be restored")
+                } else {
+                    format!("{reference} has no versions")
+                }
+            );
+            return Ok(());
         }
         if args.deleted {
             println!(
@@ -211,10 +222,10 @@ pub fn run_inspect(args: InspectArgs) -> anyhow::Result<()> {
         }
         println!("{pinned}");
         println!(
-            "{} files, {}, {} unique chunks ({})",
-            v.tree.file_count(),
+            "{}, {}, {} ({})",
+            count(v.tree.file_count() as u64, "file"),
             human_bytes(v.tree.total_bytes()),
-            v.tree.chunks.len(),
+            count(v.tree.chunks.len() as u64, "unique chunk"),
             v.tree.chunking.algorithm
         );
         for r in rows(&v.tree) {
@@ -334,12 +345,12 @@ pub fn run_diff(args: DiffArgs) -> anyhow::Result<()> {
             println!("M {p}");
         }
         println!(
-            "{} added, {} removed, {} changed; a node holding the first version fetches {} in {} chunks",
+            "{} added, {} removed, {} changed; a node holding the first version fetches {} in {}",
             d.added.len(),
             d.removed.len(),
             d.changed.len(),
             human_bytes(d.bytes_to_fetch),
-            d.chunks_to_fetch
+            count(d.chunks_to_fetch as u64, "chunk")
         );
         Ok(())
     })

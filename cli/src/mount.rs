@@ -10,7 +10,7 @@ use clap::Args;
 use vial_client::volume;
 use vial_snapshotter::{MountOptions, Prefetch};
 
-use crate::common::{human_bytes, parse_reference, RegistryArgs};
+use crate::common::{count, human_bytes, parse_reference, RegistryArgs};
 
 #[derive(Debug, Args)]
 #[command(
@@ -108,9 +108,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             serde_json::from_str(&text).context("unreadable mount statistics")?;
         println!("{}", s.reference);
         println!(
-            "fetched   {} in {} chunks ({} prefetched)",
+            "fetched   {} in {} ({} prefetched)",
             human_bytes(s.bytes_fetched),
-            s.chunks_fetched,
+            count(s.chunks_fetched, "chunk"),
             s.prefetched_chunks
         );
         println!("read      {}", human_bytes(s.bytes_read));
@@ -139,6 +139,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
                 mountpoint.display()
             )
         })?;
+    // Said before anything is fetched or started in the background, in the words that fix it.
+    vial_snapshotter::mount::fuse_ready()?;
     let cache_dir = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
     if !args.foreground {
         return spawn_background(&args, &cache_dir, &mountpoint);
@@ -180,13 +182,15 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         &options,
     )
     .with_context(|| format!("cannot mount {reference}"))?;
+    runtime.block_on(mounted.lease_taken());
     tracing::info!(%pinned, mountpoint = %mountpoint.display(), files, bytes, "mounted");
     if args.announce_ready {
         println!("ready {pinned}");
     } else {
         eprintln!(
-            "mounted {pinned} at {} ({files} files, {})",
+            "mounted {pinned} at {} ({}, {})",
             mountpoint.display(),
+            count(files as u64, "file"),
             human_bytes(bytes)
         );
         println!("{pinned}");
@@ -287,7 +291,8 @@ fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> an
                 .rev()
                 .find(|l| l.contains("error"))
                 .unwrap_or(log_text.trim());
-            bail!("mount failed: {}", last.trim())
+            // The child's own "vial: error:" prefix is ours to print, once.
+            bail!("{}", last.trim().trim_start_matches("vial: error:").trim())
         }
     }
 }

@@ -9,7 +9,9 @@ use vial_client::pull::{self, PullOptions};
 use vial_client::push::{self, PushOptions, SealTag};
 use vial_core::{Digest, Tag};
 
-use crate::common::{block_on, human_bytes, parse_reference, print_json, Bars, RegistryArgs};
+use crate::common::{
+    block_on, count, human_bytes, parse_reference, print_json, Bars, RegistryArgs,
+};
 
 #[derive(Debug, Args)]
 #[command(
@@ -147,15 +149,29 @@ pub fn run_push(args: PushArgs) -> anyhow::Result<()> {
                 .into();
             print_json(&v)?;
         } else {
+            // Only what happened: a first push has no unchanged files to speak of.
+            let mut done = format!(
+                "uploaded {} ({})",
+                count(report.chunks_uploaded, "chunk"),
+                human_bytes(report.bytes_uploaded)
+            );
+            if report.chunks_reused > 0 {
+                done.push_str(&format!(
+                    ", {} already in the registry",
+                    report.chunks_reused
+                ));
+            }
+            if report.files_unchanged > 0 {
+                done.push_str(&format!(
+                    ", {} unchanged since the last push",
+                    count(report.files_unchanged, "file")
+                ));
+            }
             eprintln!(
-                "sealed {} files, {} in {} chunks: uploaded {} chunks ({}), {} already in the registry, {} files unchanged since the last push; {:.1}s",
-                report.files,
+                "sealed {}, {} in {}: {done}; {:.1}s",
+                count(report.files, "file"),
                 human_bytes(report.bytes),
-                report.chunks,
-                report.chunks_uploaded,
-                human_bytes(report.bytes_uploaded),
-                report.chunks_reused,
-                report.files_unchanged,
+                count(report.chunks, "chunk"),
                 report.seconds
             );
             for tag in &tags {
@@ -198,11 +214,11 @@ pub fn run_pull(args: PullArgs) -> anyhow::Result<()> {
             print_json(&v)?;
         } else {
             eprintln!(
-                "pulled {} files, {}: downloaded {} ({} chunks), {} already on disk; {:.1}s",
-                report.files,
+                "pulled {}, {}: downloaded {} ({}), {} already on disk; {:.1}s",
+                count(report.files, "file"),
                 human_bytes(report.bytes),
                 human_bytes(report.bytes_downloaded),
-                report.chunks_downloaded,
+                count(report.chunks_downloaded, "chunk"),
                 human_bytes(report.bytes_already_present),
                 report.seconds
             );

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use vial_core::{Digest, Target};
 
-use crate::common::{block_on, human_bytes, parse_reference, print_json, RegistryArgs};
+use crate::common::{block_on, count, human_bytes, parse_reference, print_json, RegistryArgs};
 
 #[derive(Debug, Args)]
 #[command(
@@ -72,11 +72,11 @@ pub fn run(args: SealArgs) -> anyhow::Result<()> {
             }))?;
         } else {
             eprintln!(
-                "sealed {} ({} files, {}, {} chunks)",
+                "sealed {} ({}, {}, {})",
                 reference.pinned(from.clone()),
-                version.tree.file_count(),
+                count(version.tree.file_count() as u64, "file"),
                 human_bytes(version.tree.total_bytes()),
-                version.tree.chunks.len()
+                count(version.tree.chunks.len() as u64, "chunk")
             );
             println!("{pinned}");
         }

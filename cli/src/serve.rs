@@ -119,6 +119,50 @@ pub struct ServeArgs {
     /// matching namespace wins).
     #[arg(long, value_name = "NAMESPACE=DURATION", value_parser = parse_namespace_retention)]
     namespace_retention: Vec<(String, Duration)>,
+
+    /// The URL clients reach this registry at, e.g. https://registry.example.com (behind a load
+    /// balancer or proxy). Authentication challenges send clients to its /token; without it they
+    /// are sent to the host name each request was addressed to.
+    #[arg(long, env = "VIAL_PUBLIC_URL", value_parser = parse_public_url)]
+    public_url: Option<String>,
+
+    /// Accept image indexes whose child manifests are not all in the repository, as partial
+    /// multi-platform copies make [default: true]. A vial volume's index must always be complete.
+    #[arg(long, env = "VIAL_SPARSE_INDEXES", value_name = "BOOL")]
+    sparse_indexes: Option<bool>,
+
+    /// Close a connection whose request headers take longer than this [default: 30s].
+    #[arg(long, env = "VIAL_HEADER_TIMEOUT", value_parser = humantime::parse_duration)]
+    header_timeout: Option<Duration>,
+
+    /// Cut off a request body that sends nothing for this long; also the allowance before
+    /// --min-body-rate applies [default: 60s].
+    #[arg(long, env = "VIAL_BODY_TIMEOUT", value_parser = humantime::parse_duration)]
+    body_timeout: Option<Duration>,
+
+    /// Cut off a request body that arrives slower than this many bytes per second on average,
+    /// once --body-timeout has passed; 0 turns the check off [default: 1024].
+    #[arg(long, env = "VIAL_MIN_BODY_RATE", value_name = "BYTES")]
+    min_body_rate: Option<u64>,
+
+    /// Upload requests one client address may send at once; more are answered 429 with
+    /// Retry-After. 0: no cap [default: 256].
+    #[arg(long, env = "VIAL_MAX_UPLOADS_PER_CLIENT", value_name = "N")]
+    max_uploads_per_client: Option<usize>,
+}
+
+/// `https://host[:port][/path]`, kept without a trailing `/`.
+fn parse_public_url(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+        .ok_or_else(|| format!("{s:?} is not an http:// or https:// URL"))?;
+    if rest.is_empty() || rest.contains(['?', '#', '"', ' ', '\\']) {
+        return Err(format!(
+            "{s:?}: expected scheme://host[:port][/path], without a query or quotes"
+        ));
+    }
+    Ok(s.trim_end_matches('/').to_owned())
 }
 
 fn parse_namespace_retention(s: &str) -> Result<(String, Duration), String> {
@@ -165,6 +209,14 @@ pub struct FileConfig {
     #[serde(default)]
     sync_sources: Vec<vial_registry::config::SyncSource>,
     auth: Option<FileAuth>,
+    public_url: Option<String>,
+    sparse_indexes: Option<bool>,
+    #[serde(default, with = "humantime_serde_opt")]
+    header_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    body_timeout: Option<Duration>,
+    min_body_rate: Option<u64>,
+    max_uploads_per_client: Option<usize>,
 }
 
 /// The `[auth]` table: present means authentication is on.
@@ -282,6 +334,26 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
         args.tls_key.clone().or(file.tls_key),
     ) {
         config.tls = Some(TlsFiles { cert, key });
+    }
+    if let Some(url) = args.public_url.as_ref().or(file.public_url.as_ref()) {
+        config.public_url =
+            Some(parse_public_url(url).map_err(|e| anyhow::anyhow!("public-url: {e}"))?);
+    }
+    config.sparse_indexes = args.sparse_indexes.or(file.sparse_indexes).unwrap_or(true);
+    let limits = &mut config.limits;
+    if let Some(t) = args.header_timeout.or(file.header_timeout) {
+        anyhow::ensure!(!t.is_zero(), "--header-timeout must be longer than 0s");
+        limits.header_timeout = t;
+    }
+    if let Some(t) = args.body_timeout.or(file.body_timeout) {
+        anyhow::ensure!(!t.is_zero(), "--body-timeout must be longer than 0s");
+        limits.body_idle_timeout = t;
+    }
+    if let Some(rate) = args.min_body_rate.or(file.min_body_rate) {
+        limits.min_body_rate = rate;
+    }
+    if let Some(n) = args.max_uploads_per_client.or(file.max_uploads_per_client) {
+        limits.max_uploads_per_client = n;
     }
     if file.auth.is_some() || args.htpasswd.is_some() {
         let from_file = file.auth.unwrap_or_default();

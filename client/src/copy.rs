@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::Semaphore;
-use vial_core::manifest::{summarize, Descriptor};
+use vial_core::manifest::summarize;
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use crate::progress::{Event, Progress};
@@ -224,15 +224,15 @@ pub async fn walk(src: &Registry, repo: &RepoName, root: Manifest) -> Result<Gra
             let summary = summarize(Some(&m.media_type), &m.bytes).map_err(|e| {
                 ClientError::InvalidVolume(format!("manifest {} cannot be read: {e}", m.digest))
             })?;
-            sizes.extend(descriptor_sizes(&m.bytes));
             for b in summary.blobs {
-                if blob_seen.insert(b.clone()) {
-                    blobs.push(b);
+                sizes.insert(b.digest.clone(), b.size);
+                if blob_seen.insert(b.digest.clone()) {
+                    blobs.push(b.digest);
                 }
             }
             for c in summary.children {
-                if seen.insert(c.clone()) {
-                    children.push(c);
+                if seen.insert(c.digest.clone()) {
+                    children.push(c.digest);
                 }
             }
         }
@@ -253,23 +253,4 @@ pub async fn walk(src: &Registry, repo: &RepoName, root: Manifest) -> Result<Gra
         blobs,
         sizes,
     })
-}
-
-/// Sizes of the blobs a manifest's descriptors name (config and layers), for progress.
-fn descriptor_sizes(bytes: &[u8]) -> Vec<(Digest, u64)> {
-    #[derive(serde::Deserialize)]
-    struct Shape {
-        config: Option<Descriptor>,
-        #[serde(default)]
-        layers: Vec<Descriptor>,
-    }
-    serde_json::from_slice::<Shape>(bytes)
-        .map(|s| {
-            s.config
-                .into_iter()
-                .chain(s.layers)
-                .map(|d| (d.digest, d.size))
-                .collect()
-        })
-        .unwrap_or_default()
 }

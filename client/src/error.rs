@@ -16,15 +16,22 @@ pub enum ClientError {
     RepositoryNotFound(String),
     #[error("{0} not found")]
     NotFound(String),
+    #[error("{what} was deleted at {deleted_at}; `vial restore` brings it back until {restorable_until}")]
+    Deleted {
+        what: String,
+        deleted_at: String,
+        restorable_until: String,
+    },
     #[error("authentication required by {registry}: run `vial login {registry}` or add credentials to ~/.docker/config.json")]
     Unauthorized { registry: String },
     #[error("permission denied: {0}")]
     Denied(String),
-    #[error("tag {tag} moved: it points at {current}, not at the expected {expected}")]
+    #[error("{}", tag_moved(tag, current, expected))]
     TagMoved {
         tag: String,
+        /// Where the tag points now, or "nothing".
         current: String,
-        expected: String,
+        expected: Expected,
     },
     #[error("digest mismatch for {what}: expected {expected}, got {actual}")]
     DigestMismatch {
@@ -53,6 +60,32 @@ pub enum ClientError {
     },
     #[error("{0}")]
     Invalid(String),
+}
+
+/// What a compare-and-swap tag move expected of the tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// Not known where the refusal was read.
+    Unknown,
+    /// That it did not exist (`--expect none`).
+    Absent,
+    /// That it pointed at this digest.
+    At(String),
+}
+
+fn tag_moved(tag: &str, current: &str, expected: &Expected) -> String {
+    let now = if current == "nothing" {
+        "it does not exist".to_owned()
+    } else {
+        format!("it points at {current}")
+    };
+    match expected {
+        Expected::Absent => format!(
+            "tag {tag} already exists ({now}), but --expect none moves only a tag that does not"
+        ),
+        Expected::At(d) => format!("tag {tag} moved: {now}, not at the expected {d}"),
+        Expected::Unknown => format!("tag {tag} is not where the move expected it: {now}"),
+    }
 }
 
 impl ClientError {

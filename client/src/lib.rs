@@ -15,7 +15,7 @@ mod registry;
 mod scan;
 pub mod volume;
 
-pub use error::ClientError;
+pub use error::{ClientError, Expected};
 pub use registry::{
     LeaseInfo, Manifest, Registry, RegistryOptions, RestoreReport, SealStatus, SyncJob,
     SyncProgress, SyncRequest, TagEventInfo, VersionInfo,

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use vial_core::{Algorithm, Digest, RepoName, Target};
 
 use crate::auth::{self, Challenge, Credentials};
+use crate::error::Expected;
 use crate::ClientError;
 
 /// Most digests one bulk existence check carries (the limit vial registries enforce).
@@ -449,12 +450,31 @@ impl Registry {
             StatusCode::NOT_FOUND if code == "NAME_UNKNOWN" => {
                 ClientError::RepositoryNotFound(action.to_owned())
             }
+            StatusCode::NOT_FOUND
+                if detail
+                    .as_ref()
+                    .is_some_and(|d| d.get("restorable_until").is_some()) =>
+            {
+                let field = |name: &str| {
+                    detail
+                        .as_ref()
+                        .and_then(|d| d.get(name))
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                ClientError::Deleted {
+                    what: action.to_owned(),
+                    deleted_at: field("deleted_at"),
+                    restorable_until: field("restorable_until"),
+                }
+            }
             StatusCode::PRECONDITION_FAILED => ClientError::TagMoved {
                 tag: action.to_owned(),
                 current: detail
                     .and_then(|d| d.get("current").and_then(|c| c.as_str().map(str::to_owned)))
                     .unwrap_or_else(|| "nothing".to_owned()),
-                expected: String::new(),
+                expected: Expected::Unknown,
             },
             _ => ClientError::Registry {
                 action: action.to_owned(),
@@ -802,9 +822,12 @@ impl Registry {
         match r.status() {
             StatusCode::OK => {}
             StatusCode::NOT_FOUND => {
-                let err = self.error(r, &format!("{repo}")).await;
+                let err = self.error(r, &format!("{repo}@{reference}")).await;
                 return match err {
-                    ClientError::RepositoryNotFound(_) => Err(err),
+                    ClientError::RepositoryNotFound(_) => {
+                        Err(ClientError::RepositoryNotFound(repo.to_string()))
+                    }
+                    ClientError::Deleted { .. } => Err(err),
                     _ => Ok(None),
                 };
             }
@@ -902,8 +925,8 @@ impl Registry {
                     tag,
                     current,
                     expected: match expect {
-                        Some(Some(d)) => d.to_string(),
-                        _ => "no tag".to_owned(),
+                        Some(Some(d)) => Expected::At(d.to_string()),
+                        _ => Expected::Absent,
                     },
                 },
                 e => e,

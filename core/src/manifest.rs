@@ -79,6 +79,22 @@ pub enum ManifestKind {
     Index,
 }
 
+/// Something a manifest points at: its digest and the size the manifest declares for it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Referenced {
+    pub digest: Digest,
+    pub size: u64,
+}
+
+impl From<&Descriptor> for Referenced {
+    fn from(d: &Descriptor) -> Self {
+        Referenced {
+            digest: d.digest.clone(),
+            size: d.size,
+        }
+    }
+}
+
 /// What a registry must know about a manifest to store it, check its references and answer the
 /// referrers API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,9 +106,9 @@ pub struct ManifestSummary {
     pub artifact_type: Option<String>,
     pub subject: Option<Descriptor>,
     /// Blobs the registry must hold: config and distributable layers.
-    pub blobs: Vec<Digest>,
+    pub blobs: Vec<Referenced>,
     /// Manifests an index points at.
-    pub children: Vec<Digest>,
+    pub children: Vec<Referenced>,
     pub annotations: Option<BTreeMap<String, String>>,
 }
 
@@ -147,12 +163,12 @@ pub fn summarize(
             if m.schema_version != 2 {
                 return Err(ManifestError::SchemaVersion(m.schema_version));
             }
-            let mut blobs = vec![m.config.digest.clone()];
+            let mut blobs = vec![Referenced::from(&m.config)];
             blobs.extend(
                 m.layers
                     .iter()
                     .filter(|l| is_distributable(l))
-                    .map(|l| l.digest.clone()),
+                    .map(Referenced::from),
             );
             let artifact_type = m
                 .artifact_type
@@ -179,7 +195,7 @@ pub fn summarize(
                 artifact_type: i.artifact_type,
                 subject: i.subject,
                 blobs: Vec::new(),
-                children: i.manifests.into_iter().map(|d| d.digest).collect(),
+                children: i.manifests.iter().map(Referenced::from).collect(),
                 annotations: i.annotations,
             })
         }

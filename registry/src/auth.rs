@@ -155,6 +155,9 @@ pub struct Auth {
     key: TokenKey,
     /// User name to bcrypt hash.
     users: HashMap<String, String>,
+    /// Verified against when a sign-in names an unknown user, so that answer takes as long as a
+    /// wrong password for a real one: a hash at the cost most users' hashes have.
+    dummy_hash: String,
     failures: Mutex<HashMap<FailureKey, (u32, Instant)>>,
 }
 
@@ -239,6 +242,21 @@ fn pattern_matches(pattern: &str, name: &str) -> bool {
     }
 }
 
+/// An RFC 9110 quoted string: `"` and `\\` escaped, control characters dropped, so no value can
+/// end the string and add parameters of its own.
+fn quoted(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars().filter(|c| !c.is_control()) {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
 fn is_bcrypt(hash: &str) -> bool {
     ["$2a$", "$2b$", "$2y$"].iter().any(|p| hash.starts_with(p))
 }
@@ -276,6 +294,7 @@ impl Auth {
                 key
             }
         };
+        let dummy_hash = dummy_hash_like(users.values());
         tracing::info!(
             users = users.len(),
             rules = settings.rules.len(),
@@ -285,6 +304,7 @@ impl Auth {
             settings,
             key: TokenKey(key),
             users,
+            dummy_hash,
             failures: Mutex::new(HashMap::new()),
         })
     }
@@ -293,7 +313,9 @@ impl Auth {
         &self.settings.service
     }
 
-    /// Whether `subject` may do `action` in `repo` under the rules.
+    /// Whether `subject` may do `action` in `repo` under the rules. Signing in never takes rights
+    /// away: what anonymous clients may do, every signed-in user may do too, so a client that sends
+    /// credentials (after `docker login`) can pull whatever it could pull without them.
     fn allowed(&self, subject: &str, repo: &str, action: Action) -> bool {
         if self.settings.rules.is_empty() {
             return subject != ANONYMOUS;
@@ -304,7 +326,7 @@ impl Auth {
                 && rule
                     .users
                     .iter()
-                    .any(|u| u == subject || (u == "*" && subject != ANONYMOUS))
+                    .any(|u| u == subject || u == ANONYMOUS || (u == "*" && subject != ANONYMOUS))
         })
     }
 
@@ -387,14 +409,15 @@ impl Auth {
     fn challenge_header(&self, need: &Need, realm: &str, error: Option<&str>) -> String {
         let realm = self.settings.realm.as_deref().unwrap_or(realm);
         let mut h = format!(
-            "Bearer realm=\"{realm}\",service=\"{}\"",
-            self.settings.service
+            "Bearer realm={},service={}",
+            quoted(realm),
+            quoted(&self.settings.service)
         );
         if let Some(scope) = need.scope() {
-            h.push_str(&format!(",scope=\"{scope}\""));
+            h.push_str(&format!(",scope={}", quoted(&scope)));
         }
         if let Some(e) = error {
-            h.push_str(&format!(",error=\"{e}\""));
+            h.push_str(&format!(",error={}", quoted(e)));
         }
         h
     }
@@ -561,11 +584,12 @@ impl Auth {
                     .with_header("retry-after", wait.as_secs().max(1).to_string()));
                 }
                 let hash = self.users.get(&user).cloned();
+                let dummy = self.dummy_hash.clone();
                 let ok = tokio::task::spawn_blocking(move || match hash {
                     Some(hash) => bcrypt::verify(password, &hash).unwrap_or(false),
                     None => {
                         // Spend the same time on unknown users, so timing does not tell which exist.
-                        let _ = bcrypt::verify(password, DUMMY_HASH);
+                        let _ = bcrypt::verify(password, &dummy);
                         false
                     }
                 })
@@ -596,8 +620,27 @@ impl Auth {
     }
 }
 
-/// A bcrypt hash of nothing in particular, verified against for unknown users.
+/// A bcrypt hash of nothing in particular, for a registry without users.
 const DUMMY_HASH: &str = "$2b$10$7EqJtq98hPqEX7fNZaFWoOhi5BWX4Z3ZBFVYnL3uNjNlUHn3yEBvi";
+
+/// The cost of a bcrypt hash (`$2b$05$…` costs 5).
+fn bcrypt_cost(hash: &str) -> Option<u32> {
+    hash.get(4..6)?.parse().ok()
+}
+
+/// A hash of a random password at the cost most of `hashes` have (the highest among equals), made
+/// once at start-up: unknown users are checked against it, so they cost what real ones do.
+fn dummy_hash_like<'a>(hashes: impl Iterator<Item = &'a String>) -> String {
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for cost in hashes.filter_map(|h| bcrypt_cost(h)) {
+        *counts.entry(cost).or_default() += 1;
+    }
+    let Some((cost, _)) = counts.into_iter().max_by_key(|&(cost, n)| (n, cost)) else {
+        return DUMMY_HASH.to_owned();
+    };
+    let password = uuid::Uuid::new_v4().to_string();
+    bcrypt::hash(password, cost).unwrap_or_else(|_| DUMMY_HASH.to_owned())
+}
 
 fn read_htpasswd(path: &Path) -> Result<HashMap<String, String>, AuthConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| AuthConfigError::Read {
@@ -693,6 +736,27 @@ mod tests {
         assert!(a
             .authorize(Some(&format!("Bearer {theirs}")), &pull, "r")
             .is_err());
+    }
+
+    #[test]
+    fn unknown_users_cost_what_real_ones_do() {
+        // htpasswd's default cost is 5; the fixed dummy hash costs 10, 32 times as much.
+        let users: Vec<String> = (0..3)
+            .map(|i| bcrypt::hash(format!("pw{i}"), 5).unwrap())
+            .chain([bcrypt::hash("other", 6).unwrap()])
+            .collect();
+        let dummy = dummy_hash_like(users.iter());
+        assert_eq!(bcrypt_cost(&dummy), Some(5), "{dummy}");
+        assert!(!bcrypt::verify("pw0", &dummy).unwrap());
+        assert_eq!(bcrypt_cost(&dummy_hash_like(std::iter::empty())), Some(10));
+        let a = auth(Vec::new());
+        assert_eq!(bcrypt_cost(&a.dummy_hash), Some(4), "the test user's cost");
+    }
+
+    #[test]
+    fn challenge_values_cannot_break_out_of_their_quotes() {
+        assert_eq!(quoted(r#"evil", error="x"#), r#""evil\", error=\"x""#);
+        assert_eq!(quoted("a\r\nb"), "\"ab\"");
     }
 
     #[test]

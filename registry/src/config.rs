@@ -168,6 +168,43 @@ pub struct Config {
     /// The sources sync jobs may read, with where they are and the credentials to read them.
     /// Empty: sync is off.
     pub sync_sources: Vec<SyncSource>,
+    /// Accept image indexes whose child manifests are not all in the repository (partial
+    /// multi-platform copies). A vial volume's index must be complete whatever this says.
+    pub sparse_indexes: bool,
+    /// The base URL clients reach this registry at (`https://registry.example.com`), for the
+    /// token realm in authentication challenges; without it the realm is built from the
+    /// request's `Host` header, when that is a plain host name.
+    pub public_url: Option<String>,
+    /// Bounds on what one client may hold of the server: slow requests, concurrent uploads.
+    pub limits: Limits,
+}
+
+/// How long a client may take to send a request, and how many uploads it may send at once. A
+/// client that opens many requests and trickles them a byte at a time would otherwise hold
+/// connections, upload sessions and their buffers for ever.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// The longest a client may take to send a request's headers (HTTP/1).
+    pub header_timeout: Duration,
+    /// The longest a request body may go without sending a byte.
+    pub body_idle_timeout: Duration,
+    /// The slowest a request body may arrive, averaged from its start: after a 10 s allowance
+    /// every further second must bring this many bytes more. Zero turns the check off.
+    pub min_body_rate: u64,
+    /// Upload requests (POST with a body, PATCH, PUT) one client address may have in flight at
+    /// once; more are answered 429 with `Retry-After`. Zero: no cap.
+    pub max_uploads_per_client: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(30),
+            body_idle_timeout: Duration::from_secs(60),
+            min_body_rate: 1024,
+            max_uploads_per_client: 256,
+        }
+    }
 }
 
 /// A family of sources sync jobs may read (`[[sync-sources]]` in the config file), and how to
@@ -333,6 +370,9 @@ impl Config {
             gc_interval: Duration::from_secs(3600),
             gc_grace: Duration::from_secs(3600),
             sync_sources: Vec::new(),
+            sparse_indexes: true,
+            public_url: None,
+            limits: Limits::default(),
         }
     }
 }

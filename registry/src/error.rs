@@ -158,6 +158,16 @@ impl From<CommitManifestError> for ApiError {
                 ApiError::bad_request(ErrorCode::ManifestBlobUnknown, e.to_string())
                     .with_detail(detail)
             }
+            CommitManifestError::SizeMismatch {
+                ref digest,
+                declared,
+                actual,
+            } => {
+                let detail = serde_json::json!({
+                    "digest": digest, "declared": declared, "actual": actual,
+                });
+                ApiError::bad_request(ErrorCode::ManifestInvalid, e.to_string()).with_detail(detail)
+            }
             CommitManifestError::TagMoved { ref current, .. } => {
                 let detail = serde_json::json!({ "current": current });
                 ApiError::new(

@@ -183,7 +183,7 @@ async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{JobState, MetadataStore, SqlMetadataStore};
+    use crate::storage::{JobMeta, JobState, SqlMetadataStore};
     use vial_core::RepoName;
 
     #[tokio::test]

@@ -9,6 +9,7 @@ mod api;
 pub mod auth;
 pub mod config;
 pub mod error;
+mod front;
 pub mod gc;
 mod jobs;
 mod listener;
@@ -44,6 +45,8 @@ pub struct AppState {
     /// Garbage collection passes in this process take turns.
     pub(crate) gc_turn: tokio::sync::Mutex<()>,
     pub(crate) gc_metrics: gc::GcMetrics,
+    /// Upload requests in flight per client address, against `Limits::max_uploads_per_client`.
+    pub(crate) upload_slots: Arc<front::UploadSlots>,
 }
 
 impl AppState {
@@ -98,6 +101,7 @@ pub fn app(
         jobs: jobs::JobQueue::default(),
         gc_turn: tokio::sync::Mutex::new(()),
         gc_metrics: gc::GcMetrics::default(),
+        upload_slots: Arc::default(),
     });
     let router = Router::new()
         .route("/token", get(api::token).post(api::token))
@@ -106,6 +110,7 @@ pub fn app(
         .route("/readyz", get(ready_handler))
         .fallback(api::dispatch)
         .with_state(Arc::clone(&state));
+    let router = front::layers(router, &state.config.limits);
     Ok((router, state))
 }
 
@@ -141,24 +146,17 @@ pub async fn serve(
     };
     let addr = listener.local_addr().map_err(ServeError::Listen)?;
     tracing::info!(%addr, "registry listening");
-    let service = router.into_make_service_with_connect_info::<ClientAddr>();
-    let result = match &state.config.tls {
+    let limits = &state.config.limits;
+    match &state.config.tls {
         Some(files) => {
             let config = listener::server_config(files).map_err(ServeError::Tls)?;
             let listener =
                 listener::TlsListener::new(listener, config).map_err(ServeError::Listen)?;
             tracing::info!(cert = %files.cert.display(), "serving HTTPS");
-            axum::serve(listener, service)
-                .with_graceful_shutdown(shutdown)
-                .await
+            front::serve(listener, router, limits, shutdown).await;
         }
-        None => {
-            axum::serve(listener::PlainListener(listener), service)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
+        None => front::serve(listener::PlainListener(listener), router, limits, shutdown).await,
     }
-    .map_err(ServeError::Listen);
     janitor.abort();
     if let Some(collector) = collector {
         collector.abort();
@@ -172,29 +170,12 @@ pub async fn serve(
         }
     }
     tracing::info!("registry stopped");
-    result
+    Ok(())
 }
 
 /// The client's address, for handlers that need it (the token endpoint's failure counting).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ClientAddr(pub std::net::SocketAddr);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, listener::TlsListener>>
-    for ClientAddr
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, listener::TlsListener>) -> Self {
-        ClientAddr(*stream.remote_addr())
-    }
-}
-
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, listener::PlainListener>>
-    for ClientAddr
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, listener::PlainListener>) -> Self {
-        ClientAddr(*stream.remote_addr())
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -18,6 +18,9 @@ pub enum Endpoint {
     Gc,
     /// `/v2/<name>/manifests/<reference>`
     Manifest(RepoName, Target),
+    /// `/v2/<name>/manifests/<reference>` where the reference is neither a tag nor a digest: it
+    /// names no manifest (404 on GET and HEAD), and cannot name a new one (400 on PUT).
+    BadManifestReference(RepoName, String),
     /// `/v2/<name>/blobs/<digest>`
     Blob(RepoName, Digest),
     /// `/v2/<name>/blobs/uploads/`
@@ -53,7 +56,7 @@ impl Endpoint {
             Endpoint::Base => "base",
             Endpoint::Catalog => "catalog",
             Endpoint::Gc => "vial_gc",
-            Endpoint::Manifest(..) => "manifest",
+            Endpoint::Manifest(..) | Endpoint::BadManifestReference(..) => "manifest",
             Endpoint::Blob(..) => "blob",
             Endpoint::UploadStart(..) => "upload_start",
             Endpoint::Upload(..) => "upload",
@@ -124,7 +127,10 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
             repo(name).and_then(|r| Ok(Endpoint::Blob(r, parse_digest(digest)?)))
         }
         [name @ .., "manifests", reference] if !name.is_empty() => {
-            repo(name).and_then(|r| Ok(Endpoint::Manifest(r, parse_target(reference)?)))
+            repo(name).map(|r| match parse_target(reference) {
+                Ok(target) => Endpoint::Manifest(r, target),
+                Err(_) => Endpoint::BadManifestReference(r, (*reference).to_owned()),
+            })
         }
         [name @ .., "referrers", digest] if !name.is_empty() => {
             repo(name).and_then(|r| Ok(Endpoint::Referrers(r, parse_digest(digest)?)))
@@ -144,7 +150,7 @@ pub fn parse_digest(s: &str) -> Result<Digest, ApiError> {
 }
 
 /// A manifest reference is a digest if it contains a colon (tags cannot), else a tag.
-fn parse_target(s: &str) -> Result<Target, ApiError> {
+pub fn parse_target(s: &str) -> Result<Target, ApiError> {
     if s.contains(':') {
         parse_digest(s).map(Target::Digest)
     } else {
@@ -221,8 +227,12 @@ mod tests {
         let err = |p: &str| parse(p).unwrap().unwrap_err().code;
         assert_eq!(err("/v2/UPPER/tags/list"), ErrorCode::NameInvalid);
         assert_eq!(err("/v2/a/blobs/sha256:xyz"), ErrorCode::DigestInvalid);
-        assert_eq!(err("/v2/a/manifests/.bad"), ErrorCode::TagInvalid);
-        assert_eq!(err("/v2/a/manifests/md5:abc"), ErrorCode::DigestInvalid);
+        for reference in [".bad", "md5:abc", ".INVALID_MANIFEST_NAME"] {
+            assert_eq!(
+                ok(&format!("/v2/a/manifests/{reference}")),
+                Endpoint::BadManifestReference(name("a"), reference.into())
+            );
+        }
     }
 
     #[test]

@@ -25,9 +25,8 @@ use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, Layout, TreeBu
 use vial_core::{media, Digest, RepoName, Tag, Target};
 use vial_oras_compat::{recognize, safe_path, Packing};
 
-use crate::api::read_blob;
 use crate::storage::{
-    CommitManifestError, ManifestRecord, RangeChunk, StorageError, TagPrecondition,
+    CommitManifestError, ManifestRecord, Presence, RangeChunk, StorageError, TagPrecondition,
 };
 use crate::AppState;
 
@@ -235,6 +234,7 @@ pub(crate) async fn commit_manifest(
         content: manifest.bytes.clone(),
         blobs: summary.blobs,
         children: summary.children,
+        sparse: false,
         pushed_by: publish.by.clone(),
         tags_expire_at: None,
     };
@@ -253,7 +253,11 @@ async fn store_chunks(
     while let Some((chunk, bytes)) = rx.recv().await {
         let known = state
             .meta
-            .link_present_blobs(&repo, std::slice::from_ref(&chunk.digest), true)
+            .link_present_blobs(
+                &repo,
+                std::slice::from_ref(&chunk.digest),
+                Presence::LinkAcross,
+            )
             .await?;
         if known.is_empty() {
             put_blob(&state, &repo, &chunk.digest, bytes.to_vec()).await?;
@@ -339,7 +343,7 @@ async fn read_layer(
         return Ok(files);
     }
     state.metrics.record_seal_layer(false, size);
-    let stream = read_blob(state, &digest, &location, None)
+    let stream = crate::storage::read_located(&*state.blobs, &digest, &location, None)
         .await?
         .ok_or_else(|| {
             StorageError::Corrupt(format!(
@@ -431,7 +435,10 @@ async fn reuse_layer(
         stored.sort();
         stored.dedup();
         for batch in stored.chunks(4096) {
-            let present = state.meta.link_present_blobs(repo, batch, true).await?;
+            let present = state
+                .meta
+                .link_present_blobs(repo, batch, Presence::LinkAcross)
+                .await?;
             if present.len() != batch.len() {
                 return Ok(None);
             }

@@ -56,6 +56,37 @@ pub struct Shared {
     pub readahead: Mutex<HashMap<u64, ReadAhead>>,
     /// Per file, its tensors once its safetensors header has been read through the mount.
     pub tensors: Mutex<HashMap<u64, TensorSpans>>,
+    /// The statistics file as each open of it saw them, by file handle: a reader that reads it in
+    /// several calls gets one consistent document, not the start of one and the end of the next.
+    pub stats_opens: StatsOpens,
+}
+
+/// Snapshots of the statistics file per open handle.
+#[derive(Debug, Default)]
+pub struct StatsOpens {
+    next: std::sync::atomic::AtomicU64,
+    open: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
+}
+
+impl StatsOpens {
+    fn open(&self, json: Vec<u8>) -> u64 {
+        // Handle 0 is every other file's; statistics handles start at 1.
+        let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Ok(mut open) = self.open.lock() {
+            open.insert(fh, Arc::new(json));
+        }
+        fh
+    }
+
+    fn get(&self, fh: u64) -> Option<Arc<Vec<u8>>> {
+        self.open.lock().ok()?.get(&fh).cloned()
+    }
+
+    fn close(&self, fh: u64) {
+        if let Ok(mut open) = self.open.lock() {
+            open.remove(&fh);
+        }
+    }
 }
 
 /// Sequential-read detection for one file.
@@ -393,19 +424,38 @@ impl Filesystem for VialFs {
         match self.shared.inodes.get(ino.0).map(|n| &n.kind) {
             // Content is immutable: keep the kernel's page cache across opens.
             Some(NodeKind::File(_)) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            // Statistics change: bypass the page cache.
-            Some(NodeKind::Stats) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            // Statistics change: bypass the page cache, and read the document as of this open.
+            Some(NodeKind::Stats) => {
+                let fh = self.shared.stats_opens.open(self.shared.stats_json());
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+            }
             Some(NodeKind::Dir { .. }) => reply.error(Errno::EISDIR),
             Some(NodeKind::Symlink { .. }) => reply.error(Errno::EINVAL),
             None => reply.error(Errno::ENOENT),
         }
     }
 
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if fh.0 != 0 {
+            self.shared.stats_opens.close(fh.0);
+        }
+        reply.ok();
+    }
+
     fn read(
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -416,7 +466,10 @@ impl Filesystem for VialFs {
         let file = match shared.inodes.get(ino.0).map(|n| &n.kind) {
             Some(NodeKind::File(f)) => f,
             Some(NodeKind::Stats) => {
-                let json = shared.stats_json();
+                let json = shared
+                    .stats_opens
+                    .get(fh.0)
+                    .unwrap_or_else(|| Arc::new(shared.stats_json()));
                 let start = (offset as usize).min(json.len());
                 let end = (start + size as usize).min(json.len());
                 return reply.data(&json[start..end]);

@@ -13,9 +13,8 @@ use vial_core::{Digest, RepoName};
 const TTL: Duration = Duration::from_secs(180);
 /// How often it is renewed: well inside the TTL, so one failed renewal does not lapse it.
 const RENEW_EVERY: Duration = Duration::from_secs(60);
-/// The first lease waits this long after the mount is ready: a registry write in the moment a
-/// model starts reading its first tensors only competes with those reads.
-const FIRST_AFTER: Duration = Duration::from_secs(2);
+/// How long a mount waits for its first lease before it reports ready anyway.
+const FIRST_WAIT: Duration = Duration::from_secs(10);
 
 /// Keeps a lease renewed until [`LeaseKeeper::release`].
 #[derive(Debug)]
@@ -26,6 +25,8 @@ pub struct LeaseKeeper {
     digest: Digest,
     holder: String,
     runtime: Handle,
+    /// Fires once the first lease is recorded (or the registry said it keeps none).
+    first: tokio::sync::watch::Receiver<bool>,
 }
 
 /// `host:/mount/point`, which says to an operator where to go and unmount.
@@ -44,6 +45,7 @@ impl LeaseKeeper {
         digest: Digest,
         holder: String,
     ) -> LeaseKeeper {
+        let (taken, first) = tokio::sync::watch::channel(false);
         let task = {
             let (registry, repo, digest, holder) = (
                 registry.clone(),
@@ -52,12 +54,14 @@ impl LeaseKeeper {
                 holder.clone(),
             );
             runtime.spawn(async move {
-                tokio::time::sleep(FIRST_AFTER).await;
                 loop {
                     match registry.lease(&repo, &digest, &holder, Some(TTL)).await {
-                        Ok(true) => {}
+                        Ok(true) => {
+                            taken.send_replace(true);
+                        }
                         Ok(false) => {
                             tracing::debug!("the registry keeps no leases; not renewing");
+                            taken.send_replace(true);
                             return;
                         }
                         Err(e) => {
@@ -75,6 +79,21 @@ impl LeaseKeeper {
             digest,
             holder,
             runtime: runtime.clone(),
+            first,
+        }
+    }
+
+    /// Waits until the first lease is recorded, so the version is protected from `vial rm` before
+    /// the mount says it is ready; gives up after a while (the renewals keep trying).
+    pub fn first_taken(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut first = self.first.clone();
+        async move {
+            let waited = tokio::time::timeout(FIRST_WAIT, first.wait_for(|taken| *taken)).await;
+            if waited.is_err() {
+                tracing::warn!(
+                    "the registry has not recorded the mount's lease yet; ready without it"
+                );
+            }
         }
     }
 

@@ -44,6 +44,10 @@ pub enum MountError {
     Fuse(PathBuf, #[source] std::io::Error),
     #[error("mountpoint {} does not exist or is not a directory", .0.display())]
     Mountpoint(PathBuf),
+    #[error("mountpoint {} is not empty: a mount would hide its files (empty it, or pick another directory)", .0.display())]
+    NotEmpty(PathBuf),
+    #[error("FUSE is not available: {0}")]
+    NoFuse(String),
 }
 
 /// A mounted filesystem, served by FUSE threads until [`Mounted::wait`] returns.
@@ -128,6 +132,12 @@ impl Mounted {
         self.lease.release();
     }
 
+    /// Waits until the registry has recorded this mount's lease on its version (at most a few
+    /// seconds): from then on, deleting the version needs `--force`.
+    pub fn lease_taken(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.lease.first_taken()
+    }
+
     /// Whether the session has ended, without blocking.
     pub fn try_wait(&self) -> Option<std::io::Result<()>> {
         self.done.try_recv().ok()
@@ -155,6 +165,24 @@ fn raise_readahead(mountpoint: &Path) {
     }
 }
 
+/// Checks that this machine can mount FUSE filesystems, and says what to install where it cannot.
+pub fn fuse_ready() -> Result<(), MountError> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err(MountError::NoFuse(
+            "/dev/fuse is missing: load the fuse kernel module (modprobe fuse), or in a container pass --device /dev/fuse".into(),
+        ));
+    }
+    let on_path = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| dir.join("fusermount3").is_file())
+    });
+    if !on_path {
+        return Err(MountError::NoFuse(
+            "fusermount3 is not installed: install the fuse3 package (apt-get install fuse3, dnf install fuse3)".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Mounts `version` of `repo` at `mountpoint`. `source` is what `mount`/`findmnt` show, e.g.
 /// `vial:localhost:5000/weights/x@sha256:…`.
 pub fn mount(
@@ -168,6 +196,14 @@ pub fn mount(
 ) -> Result<Mounted, MountError> {
     if !mountpoint.is_dir() {
         return Err(MountError::Mountpoint(mountpoint.to_owned()));
+    }
+    fuse_ready()?;
+    if std::fs::read_dir(mountpoint)
+        .map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?
+        .next()
+        .is_some()
+    {
+        return Err(MountError::NotEmpty(mountpoint.to_owned()));
     }
     let owner =
         std::fs::metadata(mountpoint).map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?;
@@ -199,6 +235,7 @@ pub fn mount(
         time: SystemTime::now(),
         readahead: Default::default(),
         tensors: Default::default(),
+        stats_opens: Default::default(),
     });
     let config = {
         let mut c = Config::default();

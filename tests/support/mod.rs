@@ -98,6 +98,22 @@ impl Server {
 
     /// Starts a registry with exactly these arguments and extra environment.
     pub fn start_with(data: &Path, args: &[String], env: &[(&'static str, String)]) -> Server {
+        Server::spawn(data, args, env, None)
+    }
+
+    /// Starts a registry like [`Server::start_on`] whose log, at `level`, goes to `log`.
+    pub fn start_logging(data: &Path, extra: &[&str], level: &str, log: &Path) -> Server {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(matrix_args(data, extra));
+        Server::spawn(data, &args, &matrix_env(), Some((level, log)))
+    }
+
+    fn spawn(
+        data: &Path,
+        args: &[String],
+        env: &[(&'static str, String)],
+        log: Option<(&str, &Path)>,
+    ) -> Server {
         let mut command = Command::new(vial_bin());
         command.arg("serve");
         if !args.iter().any(|a| a == "--addr") {
@@ -111,10 +127,15 @@ impl Server {
             // VIAL_TEST_SERVER_LOG=debug shows what the servers of a failing test did.
             .env(
                 "VIAL_LOG",
-                std::env::var("VIAL_TEST_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
+                log.map(|(level, _)| level.to_owned()).unwrap_or_else(|| {
+                    std::env::var("VIAL_TEST_SERVER_LOG").unwrap_or_else(|_| "warn".into())
+                }),
             )
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(match log {
+                Some((_, path)) => Stdio::from(std::fs::File::create(path).unwrap()),
+                None => Stdio::inherit(),
+            })
             .spawn()
             .expect("start vial serve");
         // The server prints its bound address once it listens: no polling, no sleeping.

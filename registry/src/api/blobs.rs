@@ -10,7 +10,7 @@ use vial_core::{Digest, RepoName};
 
 use super::{set_header, Request};
 use crate::error::{ApiError, ErrorCode};
-use crate::storage::{BlobLocation, ByteRange, ByteStream, StorageError};
+use crate::storage::ByteRange;
 use crate::AppState;
 
 /// How long a presigned blob URL stays valid: long enough for a slow download to start, short
@@ -59,7 +59,9 @@ pub(super) async fn get(
     let body = if req.method == Method::HEAD {
         Body::empty()
     } else {
-        let Some(stream) = read(state, digest, &location, range).await? else {
+        let Some(stream) =
+            crate::storage::read_located(&*state.blobs, digest, &location, range).await?
+        else {
             // The metadata says the blob is here but its bytes are gone: a storage fault, not a
             // client error. Say so loudly and answer as if it were unknown.
             tracing::error!(%repo, %digest, "blob is linked in metadata but missing from the blob store");
@@ -86,29 +88,6 @@ pub(super) async fn get(
         );
     }
     Ok(response)
-}
-
-/// Streams a blob, or a range of it, from wherever its bytes are.
-pub(crate) async fn read(
-    state: &AppState,
-    digest: &Digest,
-    location: &BlobLocation,
-    range: Option<ByteRange>,
-) -> Result<Option<ByteStream>, StorageError> {
-    match &location.source {
-        None => state.blobs.read(digest, range).await,
-        Some((source, offset)) => {
-            let r = range.unwrap_or(ByteRange {
-                start: 0,
-                end: location.size,
-            });
-            let within = ByteRange {
-                start: offset + r.start,
-                end: offset + r.end,
-            };
-            state.blobs.read(source, Some(within)).await
-        }
-    }
 }
 
 pub(super) async fn delete(

@@ -1,12 +1,11 @@
 //! Content discovery: tag lists, the catalog and the referrers API, with `n`/`last` pagination.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::Serialize;
 use vial_core::manifest::Descriptor;
 use vial_core::{media, Digest, RepoName};
 
-use super::{set_header, Request};
+use super::{json_listing, set_header, Request};
 use crate::error::{ApiError, ErrorCode};
 use crate::AppState;
 
@@ -23,13 +22,6 @@ fn page_size(req: &Request) -> Result<u32, ApiError> {
                 ApiError::bad_request(ErrorCode::Unsupported, format!("invalid page size n={n:?}"))
             }),
     }
-}
-
-fn json_response<T: Serialize>(value: &T, content_type: &str) -> Response {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut response = (StatusCode::OK, body).into_response();
-    set_header(&mut response, "content-type", content_type);
-    response
 }
 
 fn link(path: &str, n: u32, last: Option<&String>) -> Option<String> {
@@ -63,7 +55,7 @@ pub(super) async fn tags(
         name: &'a str,
         tags: &'a [String],
     }
-    let mut response = json_response(
+    let mut response = json_listing(
         &TagList {
             name: repo.as_str(),
             tags: &page.items,
@@ -88,7 +80,7 @@ pub(super) async fn catalog(state: &AppState, req: &Request) -> Result<Response,
     struct Catalog<'a> {
         repositories: &'a [String],
     }
-    let mut response = json_response(
+    let mut response = json_listing(
         &Catalog {
             repositories: &page.items,
         },
@@ -122,7 +114,7 @@ pub(super) async fn referrers(
         media_type: media::OCI_INDEX,
         manifests: &manifests,
     };
-    let mut response = json_response(&index, media::OCI_INDEX);
+    let mut response = json_listing(&index, media::OCI_INDEX);
     if artifact_type.is_some() {
         set_header(&mut response, "oci-filters-applied", "artifactType");
     }

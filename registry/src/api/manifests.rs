@@ -3,7 +3,8 @@
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use vial_core::manifest::summarize;
+use vial_core::manifest::{summarize, ManifestKind};
+use vial_core::volume::VOLUME_ARTIFACT_TYPE;
 use vial_core::{media, Algorithm, RepoName, Tag, Target};
 
 use super::{append_header, set_header, Request};
@@ -20,11 +21,12 @@ pub(super) async fn get(
     target: &Target,
     req: &Request,
 ) -> Result<Response, ApiError> {
-    let manifest = state
-        .meta
-        .get_manifest(repo, target)
-        .await?
-        .ok_or_else(|| manifest_unknown(repo, target))?;
+    let Some(manifest) = state.meta.get_manifest(repo, target).await? else {
+        return Err(match target {
+            Target::Digest(d) => deleted_or_unknown(state, repo, d).await?,
+            Target::Tag(_) => manifest_unknown(repo, target),
+        });
+    };
     let length = manifest.content.len();
     let mut response = if req.method == Method::HEAD {
         StatusCode::OK.into_response()
@@ -104,8 +106,14 @@ pub(super) async fn put(
     let mut precondition = tag_precondition(req)?;
     let tags = check_tag_rules(state, repo, tags, &digest, &mut precondition, req).await?;
     let tags_expire_at = tag_expiry(req)?;
+    // A volume's index must be complete (docs/format.md); any other index may be sparse, as
+    // partial multi-platform copies make them, unless the operator turned that off.
+    let sparse = state.config.sparse_indexes
+        && summary.kind == ManifestKind::Index
+        && summary.artifact_type.as_deref() != Some(VOLUME_ARTIFACT_TYPE);
     let record = ManifestRecord {
         digest: digest.clone(),
+        sparse,
         media_type: summary.media_type,
         artifact_type: summary.artifact_type,
         subject: subject.clone(),
@@ -333,6 +341,34 @@ fn too_large(limit: u64) -> ApiError {
         ErrorCode::SizeInvalid,
         format!("manifest is larger than this registry's limit of {limit} bytes"),
     )
+}
+
+/// The 404 for a digest: saying, for a version deleted within its retention window, when it was
+/// deleted and until when `vial restore` can bring it back.
+async fn deleted_or_unknown(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &vial_core::Digest,
+) -> Result<ApiError, ApiError> {
+    let unknown = manifest_unknown(repo, &Target::Digest(digest.clone()));
+    let Some((deleted_at, by)) = state.meta.deleted_manifest(repo, digest).await? else {
+        return Ok(unknown);
+    };
+    let until = deleted_at + state.config.retention_for(repo.as_str()).as_millis() as i64;
+    if until <= crate::storage::now_millis() {
+        return Ok(unknown);
+    }
+    let (at, until) = (
+        super::vial::rfc3339(deleted_at),
+        super::vial::rfc3339(until),
+    );
+    Ok(ApiError::not_found(
+        ErrorCode::ManifestUnknown,
+        format!("{repo}@{digest} was deleted at {at}; it can be restored until {until}"),
+    )
+    .with_detail(serde_json::json!({
+        "deleted_at": at, "deleted_by": by, "restorable_until": until,
+    })))
 }
 
 fn manifest_unknown(repo: &RepoName, target: &Target) -> ApiError {

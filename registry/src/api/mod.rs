@@ -13,18 +13,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use tracing::Instrument;
 
-pub(crate) use blobs::read as read_blob;
 pub use sessions::Sessions;
 
 use crate::auth::{Action, Need};
 use crate::error::{ApiError, ErrorCode};
 use crate::route::{self, Endpoint};
-use crate::AppState;
+use crate::storage::Presence;
+use crate::{AppState, ClientAddr};
 
 /// Everything a handler needs from the request, besides the endpoint.
 #[derive(Debug)]
@@ -34,6 +33,8 @@ pub(crate) struct Request {
     pub headers: HeaderMap,
     /// Who is asking, once authorized (`None` with authentication off).
     pub subject: Option<String>,
+    /// What a presence check may do for this caller, decided with its rights (see [`authorize`]).
+    pub presence: Presence,
 }
 
 /// Decoded query parameters, keeping repeated keys (`?tag=a&tag=b`).
@@ -75,9 +76,11 @@ impl Request {
     }
 }
 
-/// The fallback handler: every `/v2/…` request comes through here.
+/// The fallback handler: every `/v2/…` request comes through here, inside the span the front
+/// door opened for it (`front::request_span`).
 pub(crate) async fn dispatch(
     State(state): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
     method: Method,
     version: axum::http::Version,
     uri: Uri,
@@ -89,61 +92,87 @@ pub(crate) async fn dispatch(
         .get("content-length")
         .is_some_and(|v| v.as_bytes() != b"0")
         || headers.contains_key("transfer-encoding");
-    let span = tracing::info_span!("request", %method, path = %uri.path());
-    async move {
-        let (label, mut response) = match route::parse(uri.path()) {
-            None => (
-                "unknown",
-                ApiError::not_found(
-                    ErrorCode::Unsupported,
-                    format!("no API endpoint at {}", uri.path()),
-                )
-                .into_response(),
-            ),
-            Some(Err(e)) => ("invalid", e.into_response()),
-            Some(Ok(endpoint)) => {
-                let label = endpoint.label();
-                let mut request = Request {
-                    method: method.clone(),
-                    query: Query::parse(uri.query()),
-                    headers,
-                    subject: None,
-                };
-                let response = match authorize(&state, &endpoint, &mut request) {
-                    Ok(()) => handle(&state, endpoint, request, body)
-                        .await
-                        .unwrap_or_else(IntoResponse::into_response),
-                    Err(e) => e.into_response(),
-                };
-                (label, response)
-            }
-        };
-        response.headers_mut().insert(
-            "docker-distribution-api-version",
-            HeaderValue::from_static("registry/2.0"),
-        );
-        let status = response.status();
-        if sent_body && status.as_u16() >= 400 && version < axum::http::Version::HTTP_2 {
-            // An error may answer before the body was read (a chunk out of order, a denied push).
-            // The server then drops the connection; saying so keeps the client from sending its
-            // next request down a connection that is about to close.
-            response
-                .headers_mut()
-                .insert("connection", HeaderValue::from_static("close"));
+    // Credentials were marked sensitive at the front door: they print as "Sensitive".
+    tracing::trace!(?headers, "request headers");
+    let (label, mut response) = match route::parse(uri.path()) {
+        None => (
+            "unknown",
+            ApiError::not_found(
+                ErrorCode::Unsupported,
+                format!("no API endpoint at {}", uri.path()),
+            )
+            .into_response(),
+        ),
+        Some(Err(e)) => ("invalid", e.into_response()),
+        Some(Ok(endpoint)) => {
+            let label = endpoint.label();
+            let mut request = Request {
+                method: method.clone(),
+                query: Query::parse(uri.query()),
+                headers,
+                subject: None,
+                presence: Presence::LinkAcross,
+            };
+            let response = match authorize(&state, &endpoint, &mut request) {
+                Ok(()) => {
+                    match upload_slot(&state, &endpoint, &request.method, sent_body, client) {
+                        // Held until the handler has read the body and answered.
+                        Ok(_slot) => handle(&state, endpoint, request, body)
+                            .await
+                            .unwrap_or_else(IntoResponse::into_response),
+                        Err(e) => e.into_response(),
+                    }
+                }
+                Err(e) => e.into_response(),
+            };
+            (label, response)
         }
-        state
-            .metrics
-            .record_request(label, method.as_str(), status.as_u16());
-        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
-        if status.is_server_error() {
-            tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
-        } else {
-            tracing::debug!(status = status.as_u16(), elapsed_ms, "request done");
-        }
+    };
+    response.headers_mut().insert(
+        "docker-distribution-api-version",
+        HeaderValue::from_static("registry/2.0"),
+    );
+    let status = response.status();
+    if sent_body && status.as_u16() >= 400 && version < axum::http::Version::HTTP_2 {
+        // An error may answer before the body was read (a chunk out of order, a denied push).
+        // The server then drops the connection; saying so keeps the client from sending its
+        // next request down a connection that is about to close.
         response
+            .headers_mut()
+            .insert("connection", HeaderValue::from_static("close"));
     }
-    .instrument(span)
-    .await
+    state
+        .metrics
+        .record_request(label, method.as_str(), status.as_u16());
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if status.is_server_error() {
+        tracing::warn!(status = status.as_u16(), elapsed_ms, "request failed");
+    } else {
+        tracing::debug!(status = status.as_u16(), elapsed_ms, "request done");
+    }
+    response
+}
+
+/// A slot for an upload request that sends data, under the per-client cap
+/// (`Limits::max_uploads_per_client`); `None` for every other request.
+fn upload_slot(
+    state: &AppState,
+    endpoint: &Endpoint,
+    method: &Method,
+    sent_body: bool,
+    client: ClientAddr,
+) -> Result<Option<crate::front::UploadSlot>, ApiError> {
+    let uploads = match endpoint {
+        Endpoint::UploadStart(_) => sent_body,
+        Endpoint::Upload(..) => *method == Method::PATCH || *method == Method::PUT,
+        _ => false,
+    };
+    if !uploads {
+        return Ok(None);
+    }
+    state
+        .upload_slots
+        .take(client.0.ip(), state.config.limits.max_uploads_per_client)
 }
 
 /// What an endpoint needs from the caller's token.
@@ -153,16 +182,23 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         Endpoint::Base => Need::SignedIn,
         Endpoint::Catalog => Need::Catalog,
         Endpoint::Gc => Need::SignedIn,
-        Endpoint::Manifest(r, _) | Endpoint::Blob(r, _) if *method == Method::DELETE => {
+        Endpoint::Manifest(r, _) | Endpoint::BadManifestReference(r, _) | Endpoint::Blob(r, _)
+            if *method == Method::DELETE =>
+        {
             repo(r, Action::Delete)
         }
-        Endpoint::Manifest(r, _) if *method == Method::PUT => repo(r, Action::Push),
+        Endpoint::Manifest(r, _) | Endpoint::BadManifestReference(r, _)
+            if *method == Method::PUT =>
+        {
+            repo(r, Action::Push)
+        }
         Endpoint::UploadStart(r) | Endpoint::Upload(r, _) => repo(r, Action::Push),
         Endpoint::Seal(r, _) if *method == Method::POST => repo(r, Action::Push),
         Endpoint::Syncs(r) if *method == Method::POST => repo(r, Action::Push),
         Endpoint::Sync(r, _) if *method == Method::DELETE => repo(r, Action::Push),
         Endpoint::Restore(r, _) => repo(r, Action::Delete),
         Endpoint::Manifest(r, _)
+        | Endpoint::BadManifestReference(r, _)
         | Endpoint::Blob(r, _)
         | Endpoint::TagsList(r)
         | Endpoint::Referrers(r, _)
@@ -183,21 +219,29 @@ fn authorize(state: &AppState, endpoint: &Endpoint, req: &mut Request) -> Result
     let Some(auth) = &state.auth else {
         return Ok(());
     };
-    let realm = format!(
-        "{}://{}/token",
-        if state.config.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        },
-        req.header("host").unwrap_or("localhost")
-    );
+    let realm = token_realm(state, req.header("host"));
     let authorization = req.header("authorization").map(str::to_owned);
     let identity = auth.authorize(
         authorization.as_deref(),
         &need(endpoint, &req.method),
         &realm,
     )?;
+    // A presence check answers anyone who may pull, but changes something only for a caller who
+    // may push here: keeping blobs from collection, or linking blobs from other repositories,
+    // which is a bulk cross-repository mount and so needs pull rights on all of them.
+    if let Endpoint::BlobsPresent(repo) = endpoint {
+        let push = Need::Repository(repo.to_string(), Action::Push);
+        req.presence = if auth
+            .authorize(authorization.as_deref(), &push, &realm)
+            .is_err()
+        {
+            Presence::Answer
+        } else if auth.may_pull_everything(&identity.subject) {
+            Presence::LinkAcross
+        } else {
+            Presence::Touch
+        };
+    }
     req.subject = Some(identity.subject);
     if let (Endpoint::UploadStart(_), Some(from)) = (endpoint, req.query.get("from")) {
         let source = Need::Repository(from.to_owned(), Action::Pull);
@@ -209,6 +253,34 @@ fn authorize(state: &AppState, endpoint: &Endpoint, req: &mut Request) -> Result
         }
     }
     Ok(())
+}
+
+/// The token endpoint clients are sent to: under `public-url` when the operator set one, else
+/// under the `Host` the client used, if that is a plain `host[:port]`. Anything else in `Host` is
+/// a client's say, not an address, and never reaches the challenge header.
+fn token_realm(state: &AppState, host: Option<&str>) -> String {
+    if let Some(base) = &state.config.public_url {
+        return format!("{base}/token");
+    }
+    let scheme = if state.config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let host = host
+        .filter(|h| is_plain_authority(h))
+        .unwrap_or("localhost");
+    format!("{scheme}://{host}/token")
+}
+
+/// `host[:port]` with a DNS name, an IPv4 address or a bracketed IPv6 address: nothing that could
+/// end a quoted string or start another parameter.
+fn is_plain_authority(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 261
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]_".contains(&b))
 }
 
 /// `GET /token` (HTTP Basic credentials, `?scope=` repeated) and `POST /token` (the OAuth2 password
@@ -325,6 +397,19 @@ async fn handle(
         (Endpoint::Manifest(repo, target), Method::GET | Method::HEAD) => {
             manifests::get(state, &repo, &target, &req).await
         }
+        (Endpoint::BadManifestReference(repo, reference), Method::GET | Method::HEAD) => {
+            Err(ApiError::not_found(
+                ErrorCode::ManifestUnknown,
+                format!(
+                    "{reference:?} is neither a tag nor a digest: it names no manifest in {repo}"
+                ),
+            ))
+        }
+        (Endpoint::BadManifestReference(_, reference), Method::PUT | Method::DELETE) => {
+            Err(route::parse_target(&reference).err().unwrap_or_else(|| {
+                ApiError::bad_request(ErrorCode::TagInvalid, "invalid reference")
+            }))
+        }
         (Endpoint::Manifest(repo, target), Method::PUT) => {
             manifests::put(state, &repo, &target, &req, body).await
         }
@@ -349,11 +434,7 @@ async fn handle(
         }
         (Endpoint::Upload(repo, id), Method::DELETE) => uploads::cancel(state, &repo, &id).await,
         (Endpoint::BlobsPresent(repo), Method::POST) => {
-            let across = match (&state.auth, &req.subject) {
-                (Some(auth), Some(subject)) => auth.may_pull_everything(subject),
-                _ => true,
-            };
-            vial::blobs_present(state, &repo, body, across).await
+            vial::blobs_present(state, &repo, body, req.presence).await
         }
         (Endpoint::Versions(repo), Method::GET) => {
             let deleted = matches!(req.query.get("deleted"), Some("true" | "1"));
@@ -397,6 +478,23 @@ async fn handle(
     }
 }
 
+/// A JSON answer.
+pub(crate) fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut r = (status, body).into_response();
+    set_header(&mut r, "content-type", "application/json");
+    r
+}
+
+/// A listing (tags, catalog, referrers, vial's listings) as JSON of `content_type`: gzipped by
+/// the front door for clients that accept it.
+pub(crate) fn json_listing(value: &impl serde::Serialize, content_type: &str) -> Response {
+    let mut r = json(StatusCode::OK, value);
+    set_header(&mut r, "content-type", content_type);
+    r.extensions_mut().insert(crate::front::Listing);
+    r
+}
+
 /// Adds a header whose value we built ourselves; values that are not valid header text are skipped
 /// rather than failing the response.
 pub(crate) fn set_header(response: &mut Response, name: &'static str, value: &str) {
@@ -414,6 +512,7 @@ pub(crate) fn append_header(response: &mut Response, name: &'static str, value: 
 #[cfg(test)]
 fn _dispatch_is_send(
     state: State<Arc<AppState>>,
+    c: ConnectInfo<ClientAddr>,
     m: Method,
     v: axum::http::Version,
     u: Uri,
@@ -421,5 +520,5 @@ fn _dispatch_is_send(
     b: Body,
 ) {
     fn is_send<T: Send>(_: T) {}
-    is_send(dispatch(state, m, v, u, h, b));
+    is_send(dispatch(state, c, m, v, u, h, b));
 }

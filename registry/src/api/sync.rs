@@ -2,12 +2,12 @@
 //! copy a remote source into a sealed version of the repository (see [`crate::sync`]).
 
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::Serialize;
 use vial_core::{RepoName, Tag};
 
+use super::json;
 use super::manifests::{check_users, denied};
-use super::set_header;
 use super::vial::{await_job, read_small_body};
 use crate::error::{ApiError, ErrorCode};
 use crate::storage::{Job, JobState};
@@ -59,13 +59,6 @@ fn view(job: &Job) -> SyncView<'_> {
         created_at: job.created_at,
         updated_at: job.updated_at,
     }
-}
-
-fn json(status: StatusCode, value: &impl Serialize) -> Response {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut r = (status, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    r
 }
 
 /// `POST /v2/<name>/_vial/sync` with a [`SyncSpec`]: checks it and queues the job (202).
@@ -122,9 +115,9 @@ pub(super) async fn sync_start(
 pub(super) async fn sync_list(state: &AppState, repo: &RepoName) -> Result<Response, ApiError> {
     let jobs = state.meta.list_jobs(SYNC_JOB, repo, LIST_LIMIT).await?;
     let views: Vec<SyncView<'_>> = jobs.iter().map(view).collect();
-    Ok(json(
-        StatusCode::OK,
+    Ok(super::json_listing(
         &serde_json::json!({ "name": repo, "jobs": views }),
+        "application/json",
     ))
 }
 

@@ -9,10 +9,9 @@ use vial_core::manifest::ImageManifest;
 use vial_core::volume::VOLUME_ARTIFACT_TYPE;
 use vial_core::{Digest, RepoName};
 
-use super::set_header;
 use crate::error::{ApiError, ErrorCode};
 use crate::seal::SEAL_JOB;
-use crate::storage::{Job, JobState};
+use crate::storage::{Job, JobState, Presence};
 use crate::AppState;
 
 /// Most digests one existence check may ask about.
@@ -55,17 +54,18 @@ pub(super) async fn read_small_body(
 }
 
 /// `POST /v2/<name>/_vial/blobs/present` with `{"digests": [...]}`: which of these blobs the
-/// repository holds, linking blobs the registry holds elsewhere, so one request replaces thousands
-/// of HEADs and cross-repository mounts.
+/// repository holds, so one request replaces thousands of HEADs and cross-repository mounts.
 ///
-/// Linking from other repositories is a bulk cross-repository mount, so with authentication on it
-/// happens only for callers that may pull from every repository; others learn only what this
-/// repository already holds, and upload the rest.
+/// What else it does depends on the caller (`presence`, from its rights): for one who may push
+/// here, the blobs found are kept from collection for the grace period, and for one who may also
+/// pull from every repository, blobs the registry holds elsewhere are linked here (a bulk
+/// cross-repository mount). A caller who may only pull learns what the repository holds and
+/// nothing is written, not even the repository.
 pub(super) async fn blobs_present(
     state: &AppState,
     repo: &RepoName,
     body: axum::body::Body,
-    across_repositories: bool,
+    presence: Presence,
 ) -> Result<Response, ApiError> {
     let bytes = read_small_body(body, MAX_PRESENT_BODY, "existence check").await?;
     let request: PresentRequest = serde_json::from_slice(&bytes).map_err(|e| {
@@ -85,12 +85,9 @@ pub(super) async fn blobs_present(
     }
     let present = state
         .meta
-        .link_present_blobs(repo, &request.digests, across_repositories)
+        .link_present_blobs(repo, &request.digests, presence)
         .await?;
-    let body = serde_json::to_vec(&PresentResponse { present }).unwrap_or_default();
-    let mut r = (StatusCode::OK, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    Ok(r)
+    Ok(super::json(StatusCode::OK, &PresentResponse { present }))
 }
 
 #[derive(Serialize)]
@@ -109,7 +106,7 @@ struct Version<'a> {
     restorable_until: Option<String>,
 }
 
-fn rfc3339(millis: i64) -> String {
+pub(super) fn rfc3339(millis: i64) -> String {
     humantime::format_rfc3339_seconds(
         std::time::UNIX_EPOCH + std::time::Duration::from_millis(millis.max(0) as u64),
     )
@@ -149,11 +146,10 @@ pub(super) async fn versions(
             restorable_until: r.deleted_at.map(|at| rfc3339(at + retention)),
         })
         .collect();
-    let body = serde_json::to_vec(&serde_json::json!({ "name": repo, "versions": versions }))
-        .unwrap_or_default();
-    let mut r = (StatusCode::OK, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    Ok(r)
+    Ok(super::json_listing(
+        &serde_json::json!({ "name": repo, "versions": versions }),
+        "application/json",
+    ))
 }
 
 /// A seal job as clients see it.
@@ -169,17 +165,16 @@ struct SealStatus<'a> {
 }
 
 fn seal_response(status: StatusCode, job: &Job) -> Response {
-    let body = serde_json::to_vec(&SealStatus {
-        subject: &job.target,
-        state: job.state,
-        volume: job.result.as_deref(),
-        error: job.error.as_deref(),
-        attempts: job.attempts,
-    })
-    .unwrap_or_default();
-    let mut r = (status, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    r
+    super::json(
+        status,
+        &SealStatus {
+            subject: &job.target,
+            state: job.state,
+            volume: job.result.as_deref(),
+            error: job.error.as_deref(),
+            attempts: job.attempts,
+        },
+    )
 }
 
 /// `POST /v2/<name>/_vial/seal/<digest>`: queue a seal of the artifact (again, if it failed), and
@@ -219,6 +214,29 @@ const MAX_JOB_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// How often a waiting status request looks again for a job another replica runs.
 const JOB_RECHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// A `?wait=` parameter: seconds (`30`, `2.5`) or a duration (`30s`, `1m`), capped at `max`
+/// before it becomes a `Duration`, so no number a client sends can overflow one.
+pub(super) fn parse_wait(
+    raw: Option<&str>,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, ApiError> {
+    let Some(raw) = raw.map(str::trim).filter(|r| !r.is_empty()) else {
+        return Ok(std::time::Duration::ZERO);
+    };
+    let invalid = || {
+        ApiError::bad_request(
+            ErrorCode::Unsupported,
+            format!("wait={raw:?} is not a number of seconds or a duration such as 30s"),
+        )
+    };
+    let wait = match raw.parse::<f64>() {
+        Ok(seconds) if seconds.is_nan() => return Err(invalid()),
+        Ok(seconds) => std::time::Duration::from_secs_f64(seconds.clamp(0.0, max.as_secs_f64())),
+        Err(_) => humantime::parse_duration(raw).map_err(|_| invalid())?,
+    };
+    Ok(wait.min(max))
+}
+
 /// Looks a job up with `fetch` and, with `wait` (seconds, at most 30), keeps looking until it
 /// finishes or the wait ends, so a client learns of the outcome at once without polling fast.
 pub(super) async fn await_job<F, Fut>(
@@ -230,12 +248,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Job, ApiError>>,
 {
-    let wait = wait
-        .and_then(|w| w.parse::<f64>().ok())
-        .filter(|w| w.is_finite() && *w > 0.0)
-        .map_or(std::time::Duration::ZERO, |w| {
-            std::time::Duration::from_secs_f64(w).min(MAX_JOB_WAIT)
-        });
+    let wait = parse_wait(wait, MAX_JOB_WAIT)?;
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         // Listen before looking, so a finish between the two is not missed.
@@ -330,15 +343,14 @@ pub(super) async fn restore(
             )
         })?;
     tracing::info!(%repo, %digest, tags = ?restored.tags, tags_moved_on = ?restored.tags_moved_on, "deleted manifest restored");
-    let body = serde_json::to_vec(&serde_json::json!({
-        "digest": digest,
-        "tags": restored.tags,
-        "tags_moved_on": restored.tags_moved_on,
-    }))
-    .unwrap_or_default();
-    let mut r = (StatusCode::OK, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    Ok(r)
+    Ok(super::json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "digest": digest,
+            "tags": restored.tags,
+            "tags_moved_on": restored.tags_moved_on,
+        }),
+    ))
 }
 
 /// Longest lease a node may take at once; it renews well before the end.
@@ -365,10 +377,10 @@ pub(super) async fn leases(
         .iter()
         .map(|l| serde_json::json!({"holder": l.holder, "expires_at": rfc3339(l.expires_at)}))
         .collect();
-    let body = serde_json::to_vec(&serde_json::json!({ "leases": list })).unwrap_or_default();
-    let mut r = (StatusCode::OK, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    Ok(r)
+    Ok(super::json_listing(
+        &serde_json::json!({ "leases": list }),
+        "application/json",
+    ))
 }
 
 /// `PUT` (take or renew, `{"holder", "ttl_seconds"}`) or `DELETE` (`{"holder"}`) a lease.
@@ -431,21 +443,44 @@ pub(super) async fn tag_history(
             })
         })
         .collect();
-    let body = serde_json::to_vec(
+    Ok(super::json_listing(
         &serde_json::json!({ "name": repo, "tag": tag.as_str(), "history": list }),
-    )
-    .unwrap_or_default();
-    let mut r = (StatusCode::OK, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    Ok(r)
+        "application/json",
+    ))
 }
 
 /// `POST /v2/_vial/gc[?dry-run=true]`: a garbage collection pass now; answers what it reclaimed
 /// (or, dry, what it would).
 pub(super) async fn gc(state: &AppState, dry_run: bool) -> Result<Response, ApiError> {
     let report = crate::gc::collect(state, dry_run).await?;
-    let body = serde_json::to_vec(&report).unwrap_or_default();
-    let mut r = (StatusCode::OK, body).into_response();
-    set_header(&mut r, "content-type", "application/json");
-    Ok(r)
+    Ok(super::json(StatusCode::OK, &report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn waits_are_capped_before_they_become_durations() {
+        let max = MAX_JOB_WAIT;
+        for huge in [
+            "1e20",
+            "1e308",
+            "inf",
+            "18446744073709551616",
+            "9999999999h",
+        ] {
+            assert_eq!(parse_wait(Some(huge), max).unwrap(), max, "{huge}");
+        }
+        assert_eq!(parse_wait(Some("-3"), max).unwrap(), Duration::ZERO);
+        assert_eq!(
+            parse_wait(Some("2.5"), max).unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(parse_wait(Some("4s"), max).unwrap(), Duration::from_secs(4));
+        assert_eq!(parse_wait(None, max).unwrap(), Duration::ZERO);
+        assert!(parse_wait(Some("NaN"), max).is_err());
+        assert!(parse_wait(Some("soon"), max).is_err());
+    }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use vial_core::manifest::Descriptor;
+use vial_core::manifest::{Descriptor, Referenced};
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use super::StorageError;
@@ -18,10 +18,14 @@ pub struct ManifestRecord {
     pub subject: Option<Digest>,
     pub annotations: Option<BTreeMap<String, String>>,
     pub content: Vec<u8>,
-    /// Blobs that must be linked to the repository (config and layers).
-    pub blobs: Vec<Digest>,
-    /// Manifests that must already be in the repository (an index's children).
-    pub children: Vec<Digest>,
+    /// Blobs that must be linked to the repository (config and layers), at the sizes declared.
+    pub blobs: Vec<Referenced>,
+    /// Manifests that must already be in the repository (an index's children), at the sizes
+    /// declared.
+    pub children: Vec<Referenced>,
+    /// Whether children may be missing: an image index that is not a vial volume may be sparse
+    /// (a partial multi-platform copy); a child that is present must still match its size.
+    pub sparse: bool,
     /// Who pushed it, for the tag history.
     pub pushed_by: Option<String>,
     /// When the tags this push sets stop resolving (Unix milliseconds); `None` never.
@@ -37,6 +41,19 @@ pub struct TagEvent {
     pub actor: Option<String>,
     /// `push`, `delete`, `version-deleted`, `restore` or `expired`.
     pub reason: String,
+}
+
+/// What a presence check ([`BlobMeta::link_present_blobs`]) may change besides answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// Nothing: say which blobs the repository holds (a caller who may only pull).
+    Answer,
+    /// Keep the blobs the repository holds out of the next collection's reach for the grace
+    /// period (a pusher about to reference them).
+    Touch,
+    /// Also link blobs the registry holds in other repositories (a pusher who may pull from
+    /// every repository, or the registry's own jobs).
+    LinkAcross,
 }
 
 /// Asks the blob store whether a blob's bytes are there.
@@ -103,6 +120,12 @@ pub enum CommitManifestError {
     MissingBlobs(Vec<Digest>),
     #[error("index references manifests the repository does not hold: {}", list(.0))]
     MissingManifests(Vec<Digest>),
+    #[error("manifest declares {digest} as {declared} bytes, but it is {actual}")]
+    SizeMismatch {
+        digest: Digest,
+        declared: u64,
+        actual: u64,
+    },
     #[error("tag {tag} points at {current:?}, not at the expected {expected:?}")]
     TagMoved {
         tag: String,
@@ -233,8 +256,9 @@ pub struct Page {
     pub more: bool,
 }
 
+/// Blobs: which repository holds which blob, where its bytes are, and collecting the ones nothing needs.
 #[async_trait]
-pub trait MetadataStore: Send + Sync + std::fmt::Debug {
+pub trait BlobMeta: Send + Sync {
     /// The size of a blob if it is linked to `repo`.
     async fn blob_in_repo(
         &self,
@@ -254,6 +278,43 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         stored: StoredCheck,
     ) -> Result<(), StorageError>;
 
+    /// Links a blob held by `from` to `to` (cross-repository mount). Returns its size, or `None` when
+    /// `from` does not hold it.
+    async fn mount_blob(
+        &self,
+        from: &RepoName,
+        to: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<u64>, StorageError>;
+
+    /// Removes a blob's link from `repo`. Returns whether it was linked.
+    async fn unlink_blob(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError>;
+
+    /// Of `digests`, those the repository holds after the call: blobs already linked, and, with
+    /// [`Presence::LinkAcross`], blobs the registry holds in another repository, which are
+    /// linked (a bulk cross-repository mount). Only `LinkAcross` may create the repository.
+    async fn link_present_blobs(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+        presence: Presence,
+    ) -> Result<Vec<Digest>, StorageError>;
+
+    /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
+    async fn blob_location(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<BlobLocation>, StorageError>;
+
+    /// Records chunks that are ranges of stored blobs and links them to `repo`. A chunk the
+    /// registry already knows keeps the bytes it has.
+    async fn commit_range_chunks(
+        &self,
+        repo: &RepoName,
+        chunks: &[RangeChunk],
+    ) -> Result<(), StorageError>;
+
     /// Blobs nothing references (no manifest, live or deleted, and no range chunk) and nobody has
     /// touched since `touched_before`: collection candidates, with their sizes and whether they
     /// have bytes of their own (range chunks do not).
@@ -271,34 +332,43 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         touched_before: i64,
         delete_bytes: &(dyn Fn(Digest) -> BytesDeletion + Send + Sync),
     ) -> Result<Option<u64>, StorageError>;
+}
 
-    /// Links a blob held by `from` to `to` (cross-repository mount). Returns its size, or `None` when
-    /// `from` does not hold it.
-    async fn mount_blob(
-        &self,
-        from: &RepoName,
-        to: &RepoName,
-        digest: &Digest,
-    ) -> Result<Option<u64>, StorageError>;
-
-    /// Removes a blob's link from `repo`. Returns whether it was linked.
-    async fn unlink_blob(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError>;
-
+/// Upload sessions (their bytes are in the blob store under the same id).
+#[async_trait]
+pub trait UploadMeta: Send + Sync {
     async fn create_upload(&self, session: &UploadSession) -> Result<(), StorageError>;
+
     async fn get_upload(
         &self,
         repo: &RepoName,
         id: &str,
     ) -> Result<Option<UploadSession>, StorageError>;
+
     async fn touch_upload(&self, id: &str) -> Result<(), StorageError>;
+
     async fn delete_upload(&self, id: &str) -> Result<(), StorageError>;
+
     /// Sessions not touched since `before_millis`, oldest first.
     async fn stale_uploads(
         &self,
         before_millis: i64,
         limit: u32,
     ) -> Result<Vec<UploadSession>, StorageError>;
+
     async fn count_uploads(&self) -> Result<u64, StorageError>;
+}
+
+/// Manifests: commits, reads, soft deletion, restore and purge, and the listings built on them.
+#[async_trait]
+pub trait ManifestMeta: Send + Sync {
+    /// When a deleted (and not yet purged) manifest was deleted, and by whom: what a client
+    /// asking for it is told, so it learns it can be restored.
+    async fn deleted_manifest(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<(i64, Option<String>)>, StorageError>;
 
     /// Stores a manifest and points `tags` at it, after checking that everything it references is in
     /// the repository.
@@ -309,25 +379,6 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         tags: &[Tag],
         precondition: &TagPrecondition,
     ) -> Result<(), CommitManifestError>;
-
-    /// Of `digests`, those the repository holds after the call: blobs already linked, and, with
-    /// `across_repositories`, blobs the registry holds in another repository, which are linked (a
-    /// bulk cross-repository mount).
-    async fn link_present_blobs(
-        &self,
-        repo: &RepoName,
-        digests: &[Digest],
-        across_repositories: bool,
-    ) -> Result<Vec<Digest>, StorageError>;
-
-    /// Manifests of `artifact_type` in `repo`, newest first, with the tags pointing at each; with
-    /// `deleted`, the deleted ones instead, most recently deleted first, with their remembered tags.
-    async fn list_versions(
-        &self,
-        repo: &RepoName,
-        artifact_type: &str,
-        deleted: bool,
-    ) -> Result<Option<Vec<VersionRow>>, StorageError>;
 
     async fn get_manifest(
         &self,
@@ -366,34 +417,31 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
     /// it was there, still deleted.
     async fn purge_manifest(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError>;
 
-    /// Records or renews `holder`'s lease on a version until `expires_at`.
-    async fn put_lease(
+    /// Manifests in `repo` whose subject is `subject`, optionally only those of one artifact type.
+    async fn referrers(
         &self,
         repo: &RepoName,
-        digest: &Digest,
-        holder: &str,
-        expires_at: i64,
-    ) -> Result<(), StorageError>;
+        subject: &Digest,
+        artifact_type: Option<&str>,
+    ) -> Result<Vec<Descriptor>, StorageError>;
 
-    /// Drops a lease. Returns whether it was there.
-    async fn drop_lease(
+    /// Manifests of `artifact_type` in `repo`, newest first, with the tags pointing at each; with
+    /// `deleted`, the deleted ones instead, most recently deleted first, with their remembered tags.
+    async fn list_versions(
         &self,
         repo: &RepoName,
-        digest: &Digest,
-        holder: &str,
-    ) -> Result<bool, StorageError>;
+        artifact_type: &str,
+        deleted: bool,
+    ) -> Result<Option<Vec<VersionRow>>, StorageError>;
 
-    /// Removes leases that expired before `before` (nodes that died holding them).
-    async fn drop_expired_leases(&self, before: i64) -> Result<u64, StorageError>;
+    /// Repository names in lexical order after `last`.
+    async fn list_repositories(&self, last: Option<&str>, limit: u32)
+        -> Result<Page, StorageError>;
+}
 
-    /// Leases on a version that have not expired by `now`.
-    async fn leases(
-        &self,
-        repo: &RepoName,
-        digest: &Digest,
-        now: i64,
-    ) -> Result<Vec<Lease>, StorageError>;
-
+/// Tags: where they point, their history, removal and expiry. Tags move as part of a manifest commit ([`ManifestMeta::commit_manifest`]).
+#[async_trait]
+pub trait TagMeta: Send + Sync {
     /// Deletes a tag, leaving its manifest. Returns whether it existed.
     async fn delete_tag(
         &self,
@@ -429,34 +477,43 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         last: Option<&str>,
         limit: u32,
     ) -> Result<Option<Page>, StorageError>;
+}
 
-    /// Repository names in lexical order after `last`.
-    async fn list_repositories(&self, last: Option<&str>, limit: u32)
-        -> Result<Page, StorageError>;
-
-    /// Manifests in `repo` whose subject is `subject`, optionally only those of one artifact type.
-    async fn referrers(
-        &self,
-        repo: &RepoName,
-        subject: &Digest,
-        artifact_type: Option<&str>,
-    ) -> Result<Vec<Descriptor>, StorageError>;
-
-    /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
-    async fn blob_location(
+/// Leases: nodes that say they have a version mounted.
+#[async_trait]
+pub trait LeaseMeta: Send + Sync {
+    /// Records or renews `holder`'s lease on a version until `expires_at`.
+    async fn put_lease(
         &self,
         repo: &RepoName,
         digest: &Digest,
-    ) -> Result<Option<BlobLocation>, StorageError>;
-
-    /// Records chunks that are ranges of stored blobs and links them to `repo`. A chunk the
-    /// registry already knows keeps the bytes it has.
-    async fn commit_range_chunks(
-        &self,
-        repo: &RepoName,
-        chunks: &[RangeChunk],
+        holder: &str,
+        expires_at: i64,
     ) -> Result<(), StorageError>;
 
+    /// Drops a lease. Returns whether it was there.
+    async fn drop_lease(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        holder: &str,
+    ) -> Result<bool, StorageError>;
+
+    /// Removes leases that expired before `before` (nodes that died holding them).
+    async fn drop_expired_leases(&self, before: i64) -> Result<u64, StorageError>;
+
+    /// Leases on a version that have not expired by `now`.
+    async fn leases(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        now: i64,
+    ) -> Result<Vec<Lease>, StorageError>;
+}
+
+/// Durable background jobs (seals, syncs) and what sealing has learnt about layers.
+#[async_trait]
+pub trait JobMeta: Send + Sync {
     /// Creates the job for (`kind`, `repo`, `target`) unless it exists, and returns it. With
     /// `retry_failed`, a failed job is queued again.
     async fn enqueue_job(
@@ -552,7 +609,14 @@ pub trait MetadataStore: Send + Sync + std::fmt::Debug {
         reading: &str,
         files: &str,
     ) -> Result<(), StorageError>;
+}
 
+/// The whole metadata store: every concern above, and a health check. Backends implement the
+/// concerns one by one; this trait comes with them.
+#[async_trait]
+pub trait MetadataStore:
+    BlobMeta + UploadMeta + ManifestMeta + TagMeta + LeaseMeta + JobMeta + std::fmt::Debug
+{
     /// Whether the backend answers, for readiness probes.
     async fn ping(&self) -> Result<(), StorageError>;
 }

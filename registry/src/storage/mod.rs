@@ -14,9 +14,10 @@ mod sql;
 pub use blob::{BlobStore, ByteRange, ByteStream, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
-    BlobLocation, BytesDeletion, CommitManifestError, Job, JobFile, JobOutcome, JobState, Lease,
-    ManifestRecord, MetadataStore, Page, RangeChunk, Restored, StoredCheck, StoredManifest,
-    TagEvent, TagPrecondition, UploadSession, VersionRow,
+    BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
+    JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, Page, Presence,
+    RangeChunk, Restored, StoredCheck, StoredManifest, TagEvent, TagMeta, TagPrecondition,
+    UploadMeta, UploadSession, VersionRow,
 };
 pub use s3::S3BlobStore;
 pub use sql::{Dialect, SqlMetadataStore};
@@ -89,6 +90,30 @@ pub fn stored_check(
 ) -> StoredCheck {
     let (blobs, digest) = (std::sync::Arc::clone(blobs), digest.clone());
     Box::pin(async move { Ok(blobs.stat(&digest).await?.is_some()) })
+}
+
+/// Streams a blob, or a range of it, from wherever its bytes are: stored whole under its own
+/// digest, or as a range of another stored blob (`location.source`, a chunk of a sealed layer).
+pub async fn read_located(
+    blobs: &dyn BlobStore,
+    digest: &vial_core::Digest,
+    location: &BlobLocation,
+    range: Option<ByteRange>,
+) -> Result<Option<ByteStream>, StorageError> {
+    match &location.source {
+        None => blobs.read(digest, range).await,
+        Some((source, offset)) => {
+            let r = range.unwrap_or(ByteRange {
+                start: 0,
+                end: location.size,
+            });
+            let within = ByteRange {
+                start: offset + r.start,
+                end: offset + r.end,
+            };
+            blobs.read(source, Some(within)).await
+        }
+    }
 }
 
 /// Current time as Unix milliseconds, the timestamp format of every metadata table.

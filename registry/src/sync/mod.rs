@@ -21,7 +21,7 @@ use vial_core::volume::{build_layout_for, validate_path, ChunkRef, ChunkingInfo,
 use vial_core::{Digest, Reference, RepoName, Tag};
 
 use crate::seal::{chunk_and_store, commit_layout, Publish, SealError};
-use crate::storage::{CommitManifestError, Job, JobFile, StorageError, TagPrecondition};
+use crate::storage::{CommitManifestError, Job, JobFile, Presence, StorageError, TagPrecondition};
 use crate::AppState;
 
 use remote::RemoteFile;
@@ -200,6 +200,9 @@ impl From<CommitManifestError> for SyncError {
             e @ (CommitManifestError::MissingBlobs(_)
             | CommitManifestError::MissingManifests(_)) => {
                 SyncError::source(format!("committing the synced version: {e}"), true)
+            }
+            e @ CommitManifestError::SizeMismatch { .. } => {
+                SyncError::Invalid(format!("committing the synced version: {e}"))
             }
         }
     }
@@ -548,7 +551,7 @@ async fn chunks_present(run: &Run, chunks: &[ChunkRef]) -> Result<bool, StorageE
         let present = run
             .state
             .meta
-            .link_present_blobs(run.repo(), batch, true)
+            .link_present_blobs(run.repo(), batch, Presence::LinkAcross)
             .await?;
         if present.len() != batch.len() {
             return Ok(false);

@@ -15,7 +15,7 @@ use vial_core::{media, Digest, Reference, Target};
 use super::{Run, SyncError, SyncSpec};
 use crate::config::SyncSource;
 use crate::seal::{commit_manifest, seal, Publish};
-use crate::storage::{ByteStream, StorageError, VerifyFuture};
+use crate::storage::{ByteStream, Presence, StorageError, VerifyFuture};
 
 /// Blobs copied at once.
 const PARALLEL_BLOBS: usize = 8;
@@ -106,7 +106,7 @@ pub(super) async fn sync(
                 .meta
                 // Only what this repository holds: linking another repository's blob because a
                 // source manifest names its digest would hand it to whoever may push here.
-                .link_present_blobs(run.repo(), batch, false)
+                .link_present_blobs(run.repo(), batch, Presence::Touch)
                 .await?,
         );
     }

@@ -166,6 +166,8 @@ impl VialSnapshotter {
                 vial_core::error_chain(&e)
             ))
         })?;
+        let lease_taken = mounted.lease_taken();
+        lease_taken.await;
         if let Ok(mut mounts) = self.mounts.lock() {
             mounts.insert(id, mounted);
         }

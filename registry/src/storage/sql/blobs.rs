@@ -1,0 +1,298 @@
+//! Blob rows and their links to repositories; garbage collection candidates and removal.
+
+use async_trait::async_trait;
+use sqlx::Row;
+use vial_core::{Digest, RepoName};
+
+use super::*;
+
+/// A blob row `b` that no manifest references (`$2` = false, the `is_manifest` of blob
+/// references), that no range chunk lives in, and that nobody touched since `$1`.
+const UNREFERENCED: &str = "b.touched_at < $1
+    AND NOT EXISTS (SELECT 1 FROM manifest_references r
+                     WHERE r.target_digest = b.digest AND r.is_manifest = $2)
+    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)";
+
+#[async_trait]
+impl BlobMeta for SqlMetadataStore {
+    async fn blob_in_repo(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<u64>, StorageError> {
+        let size: Option<i64> = sqlx::query_scalar(BLOB_SIZE_IN_REPO)
+            .bind(repo.as_str())
+            .bind(digest.as_str())
+            .fetch_optional(&self.reader)
+            .await?;
+        Ok(size.map(|s| s as u64))
+    }
+
+    async fn commit_blob(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        size: u64,
+        stored: StoredCheck,
+    ) -> Result<(), StorageError> {
+        let now = now_millis();
+        let mut tx = self.writer.begin().await?;
+        let repo_id = repo_id_for_write(&mut tx, repo).await?;
+        // Bytes uploaded whole replace a range of another blob as the chunk's home. The upsert
+        // holds the row (PostgreSQL) or the database (SQLite) until commit, so a collection of
+        // this blob either finished before (and the check below sees its bytes gone) or waits.
+        sqlx::query(
+            "INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, $2, $3, $3)
+             ON CONFLICT (digest) DO UPDATE
+                SET source_digest = NULL, source_offset = NULL, touched_at = excluded.touched_at",
+        )
+        .bind(digest.as_str())
+        .bind(size as i64)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(LINK_BLOB)
+            .bind(repo_id)
+            .bind(digest.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        if !stored.await? {
+            return Err(StorageError::Corrupt(format!(
+                "the bytes of {digest} vanished before it was recorded (a garbage collection removed them at the same moment); upload it again"
+            )));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn mount_blob(
+        &self,
+        from: &RepoName,
+        to: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<u64>, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        // Held until the link commits, so a collection cannot remove the blob in between.
+        let held = match self.dialect {
+            Dialect::Postgres => format!("{BLOB_SIZE_IN_REPO} FOR SHARE OF b"),
+            Dialect::Sqlite => BLOB_SIZE_IN_REPO.to_owned(),
+        };
+        let size: Option<i64> = sqlx::query_scalar(&held)
+            .bind(from.as_str())
+            .bind(digest.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(size) = size else {
+            return Ok(None);
+        };
+        let repo_id = repo_id_for_write(&mut tx, to).await?;
+        sqlx::query(LINK_BLOB)
+            .bind(repo_id)
+            .bind(digest.as_str())
+            .bind(now_millis())
+            .execute(&mut *tx)
+            .await?;
+        touch(&mut tx, digest).await?;
+        tx.commit().await?;
+        Ok(Some(size as u64))
+    }
+
+    async fn unlink_blob(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError> {
+        self.delete_one("repository_blobs", "digest", repo, digest.as_str())
+            .await
+    }
+
+    async fn link_present_blobs(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+        presence: Presence,
+    ) -> Result<Vec<Digest>, StorageError> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let set = self.dialect.text_set("$2");
+        let asked = digest_set(digests.iter());
+        if presence != Presence::LinkAcross {
+            let rows: Vec<String> = sqlx::query_scalar(&format!(
+                "SELECT rb.digest FROM repository_blobs rb JOIN repositories r ON r.id = rb.repository_id
+                  WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {set})"
+            ))
+            .bind(repo.as_str())
+            .bind(&asked)
+            .fetch_all(&self.reader)
+            .await?;
+            let present = rows
+                .iter()
+                .map(|d| parse_digest(d))
+                .collect::<Result<Vec<_>, _>>()?;
+            // A pusher that learns a blob is here will reference it soon: keep it out of the
+            // next collection's reach for the grace period.
+            if presence == Presence::Touch && !present.is_empty() {
+                let mut tx = self.writer.begin().await?;
+                touch_all(&mut tx, &digest_set(present.iter()), self.dialect).await?;
+                tx.commit().await?;
+            }
+            return Ok(present);
+        }
+        let mut tx = self.writer.begin().await?;
+        let repo_id = repo_id_for_write(&mut tx, repo).await?;
+        // Held until the links commit, so a collection cannot remove a blob in between.
+        let known: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT digest FROM blobs WHERE digest IN (SELECT value FROM {}){}",
+            self.dialect.text_set("$1"),
+            if self.dialect == Dialect::Postgres {
+                " FOR SHARE"
+            } else {
+                ""
+            }
+        ))
+        .bind(&asked)
+        .fetch_all(&mut *tx)
+        .await?;
+        if !known.is_empty() {
+            let known_set =
+                serde_json::to_string(&known).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+            sqlx::query(&format!(
+                "INSERT INTO repository_blobs (repository_id, digest, created_at)
+                 SELECT $1, value, $3 FROM {set} WHERE true ON CONFLICT DO NOTHING"
+            ))
+            .bind(repo_id)
+            .bind(&known_set)
+            .bind(now_millis())
+            .execute(&mut *tx)
+            .await?;
+            touch_all(&mut tx, &known_set, self.dialect).await?;
+        }
+        tx.commit().await?;
+        known.iter().map(|d| parse_digest(d)).collect()
+    }
+
+    async fn blob_location(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<BlobLocation>, StorageError> {
+        let row = sqlx::query(
+            "SELECT b.size, b.source_digest, b.source_offset FROM repository_blobs rb
+               JOIN repositories r ON r.id = rb.repository_id
+               JOIN blobs b ON b.digest = rb.digest
+              WHERE r.name = $1 AND rb.digest = $2",
+        )
+        .bind(repo.as_str())
+        .bind(digest.as_str())
+        .fetch_optional(&self.reader)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let size: i64 = row.try_get("size")?;
+        let source: Option<String> = row.try_get("source_digest")?;
+        let offset: Option<i64> = row.try_get("source_offset")?;
+        let source = match (source, offset) {
+            (Some(d), Some(o)) => Some((parse_digest(&d)?, o as u64)),
+            _ => None,
+        };
+        Ok(Some(BlobLocation {
+            size: size as u64,
+            source,
+        }))
+    }
+
+    async fn commit_range_chunks(
+        &self,
+        repo: &RepoName,
+        chunks: &[RangeChunk],
+    ) -> Result<(), StorageError> {
+        let now = now_millis();
+        let mut tx = self.writer.begin().await?;
+        let repo_id = repo_id_for_write(&mut tx, repo).await?;
+        for c in chunks {
+            sqlx::query(
+                "INSERT INTO blobs (digest, size, created_at, touched_at, source_digest, source_offset)
+                 VALUES ($1, $2, $3, $3, $4, $5) ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at",
+            )
+            .bind(c.digest.as_str())
+            .bind(c.size as i64)
+            .bind(now)
+            .bind(c.source.as_str())
+            .bind(c.offset as i64)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(LINK_BLOB)
+                .bind(repo_id)
+                .bind(c.digest.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn unreferenced_blobs(
+        &self,
+        touched_before: i64,
+        limit: u32,
+    ) -> Result<Vec<(Digest, u64, bool)>, StorageError> {
+        let rows = sqlx::query(&format!(
+            "SELECT b.digest, b.size, b.source_digest FROM blobs b WHERE {UNREFERENCED}
+              ORDER BY b.touched_at LIMIT $3"
+        ))
+        .bind(touched_before)
+        .bind(false)
+        .bind(i64::from(limit))
+        .fetch_all(&self.writer)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let digest: String = row.try_get("digest")?;
+                let size: i64 = row.try_get("size")?;
+                let source: Option<String> = row.try_get("source_digest")?;
+                Ok((parse_digest(&digest)?, size as u64, source.is_none()))
+            })
+            .collect()
+    }
+
+    async fn collect_blob(
+        &self,
+        digest: &Digest,
+        touched_before: i64,
+        delete_bytes: &(dyn Fn(Digest) -> BytesDeletion + Send + Sync),
+    ) -> Result<Option<u64>, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        if self.dialect == Dialect::Postgres {
+            // Waits for manifest commits that hold this blob (FOR SHARE) and holds off new ones.
+            sqlx::query("SELECT digest FROM blobs WHERE digest = $1 FOR UPDATE")
+                .bind(digest.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Checked again now that the row is held: a new statement sees every commit so far.
+        let row = sqlx::query(&format!(
+            "SELECT b.size, b.source_digest FROM blobs b WHERE b.digest = $3 AND {UNREFERENCED}"
+        ))
+        .bind(touched_before)
+        .bind(false)
+        .bind(digest.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let size: i64 = row.try_get("size")?;
+        let source: Option<String> = row.try_get("source_digest")?;
+        if source.is_none() {
+            delete_bytes(digest.clone()).await?;
+        }
+        sqlx::query("DELETE FROM repository_blobs WHERE digest = $1")
+            .bind(digest.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM blobs WHERE digest = $1")
+            .bind(digest.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(size as u64))
+    }
+}

@@ -1,0 +1,248 @@
+//! The SQL metadata store, for SQLite (the embedded default) and PostgreSQL (production), through
+//! sqlx's `Any` driver so both run the same queries.
+//!
+//! Queries use `$N` placeholders, which both drivers accept, and only SQL both dialects share; the
+//! one aggregate that differs goes through [`Dialect`]. Every use case is one transaction. SQLite
+//! writes go through a pool of one connection, so write transactions queue in the process instead
+//! of failing with SQLITE_BUSY; PostgreSQL serialises conflicting writes itself, and the statements
+//! that must not race (tag moves) are single conditional statements.
+
+mod blobs;
+mod jobs;
+mod leases;
+mod manifests;
+mod migrate;
+mod tags;
+mod uploads;
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{Any, AnyPool, Transaction};
+use vial_core::manifest::Descriptor;
+use vial_core::{Digest, RepoName, Tag, Target};
+
+use super::metadata::{
+    BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
+    JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, Page, Presence,
+    RangeChunk, Restored, StoredCheck, StoredManifest, TagEvent, TagMeta, TagPrecondition,
+    UploadMeta, UploadSession, VersionRow,
+};
+use super::{now_millis, StorageError};
+
+/// The size of a blob if `$1` (a repository name) holds `$2` (a digest).
+const BLOB_SIZE_IN_REPO: &str = "SELECT b.size FROM repository_blobs rb
+       JOIN repositories r ON r.id = rb.repository_id
+       JOIN blobs b ON b.digest = rb.digest
+      WHERE r.name = $1 AND rb.digest = $2";
+
+/// Links blob `$2` into repository id `$1` at time `$3`; linking twice is a no-op.
+const LINK_BLOB: &str = "INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    fn string_agg(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "group_concat(t.name, ' ')",
+            Dialect::Postgres => "string_agg(t.name, ' ')",
+        }
+    }
+
+    /// A table with one text column, `value`, holding the strings of the JSON array bound to
+    /// `param` ([`digest_set`]): how one statement takes any number of digests in both dialects
+    /// (sqlx's `Any` driver binds no arrays).
+    fn text_set(self, param: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("json_each({param})"),
+            Dialect::Postgres => format!("json_array_elements_text(CAST({param} AS json))"),
+        }
+    }
+}
+
+/// Digests as the JSON array [`Dialect::text_set`] expands.
+fn digest_set<'a>(digests: impl Iterator<Item = &'a Digest>) -> String {
+    serde_json::to_string(&digests.map(Digest::as_str).collect::<Vec<_>>()).unwrap_or_default()
+}
+
+#[derive(Debug, Clone)]
+pub struct SqlMetadataStore {
+    reader: AnyPool,
+    writer: AnyPool,
+    dialect: Dialect,
+}
+
+impl SqlMetadataStore {
+    /// Opens (creating if needed) the SQLite database at `path` and brings its schema up to date.
+    pub async fn open_sqlite(path: &Path) -> Result<Self, StorageError> {
+        sqlx::any::install_default_drivers();
+        let path = path.to_str().ok_or_else(|| {
+            StorageError::Corrupt(format!("database path {} is not UTF-8", path.display()))
+        })?;
+        let url = |mode: &str| format!("sqlite://{path}?mode={mode}");
+        let writer = AnyPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url("rwc"))
+            .await?;
+        migrate::migrate(&writer, Dialect::Sqlite).await?;
+        let reader = AnyPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url("ro"))
+            .await?;
+        Ok(SqlMetadataStore {
+            reader,
+            writer,
+            dialect: Dialect::Sqlite,
+        })
+    }
+
+    /// Deletes the row of `table` in `repo` whose `column` is `key`; says whether there was one.
+    /// Table and column names are always literals from this file, never input.
+    async fn delete_one(
+        &self,
+        table: &str,
+        column: &str,
+        repo: &RepoName,
+        key: &str,
+    ) -> Result<bool, StorageError> {
+        let sql = format!(
+            "DELETE FROM {table} WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND {column} = $2"
+        );
+        let done = sqlx::query(&sql)
+            .bind(repo.as_str())
+            .bind(key)
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Connects to PostgreSQL and brings the schema up to date; replicas starting at once take turns.
+    pub async fn open_postgres(url: &str) -> Result<Self, StorageError> {
+        sqlx::any::install_default_drivers();
+        // Reads get their own connections: a burst of commits waiting on the database's fsync must
+        // not make a manifest GET queue for a connection.
+        let pool = |n| {
+            AnyPoolOptions::new()
+                .max_connections(n)
+                .acquire_timeout(Duration::from_secs(5))
+        };
+        let writer = pool(8).connect(url).await?;
+        migrate::migrate(&writer, Dialect::Postgres).await?;
+        let reader = pool(8).connect(url).await?;
+        Ok(SqlMetadataStore {
+            reader,
+            writer,
+            dialect: Dialect::Postgres,
+        })
+    }
+}
+
+async fn repo_id_for_write(
+    tx: &mut Transaction<'_, Any>,
+    repo: &RepoName,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO repositories (name, created_at) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(repo.as_str())
+    .bind(now_millis())
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
+        .bind(repo.as_str())
+        .fetch_one(&mut **tx)
+        .await
+}
+
+/// Marks a blob as just used, so collections within the grace period leave it alone.
+async fn touch(tx: &mut Transaction<'_, Any>, digest: &Digest) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE blobs SET touched_at = $1 WHERE digest = $2")
+        .bind(now_millis())
+        .bind(digest.as_str())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// [`touch`] for the blobs of a [`digest_set`], in one statement.
+async fn touch_all(
+    tx: &mut Transaction<'_, Any>,
+    set: &str,
+    dialect: Dialect,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "UPDATE blobs SET touched_at = $1 WHERE digest IN (SELECT value FROM {})",
+        dialect.text_set("$2")
+    ))
+    .bind(now_millis())
+    .bind(set)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn record_tag_event(
+    tx: &mut Transaction<'_, Any>,
+    repo_id: i64,
+    tag: &str,
+    from: Option<&str>,
+    to: Option<&str>,
+    actor: Option<&str>,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO tag_events (repository_id, tag, from_digest, to_digest, at, actor, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(repo_id)
+    .bind(tag)
+    .bind(from)
+    .bind(to)
+    .bind(now_millis())
+    .bind(actor)
+    .bind(reason)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn repo_id_in(
+    tx: &mut Transaction<'_, Any>,
+    repo: &RepoName,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
+        .bind(repo.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+}
+
+async fn repo_id(pool: &AnyPool, repo: &RepoName) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
+        .bind(repo.as_str())
+        .fetch_optional(pool)
+        .await
+}
+
+fn parse_digest(s: &str) -> Result<Digest, StorageError> {
+    Digest::parse(s).map_err(|e| StorageError::Corrupt(format!("stored digest {s:?}: {e}")))
+}
+
+fn parse_repo(s: &str) -> Result<RepoName, StorageError> {
+    RepoName::parse(s).map_err(|e| StorageError::Corrupt(format!("stored repository {s:?}: {e}")))
+}
+
+#[async_trait]
+impl MetadataStore for SqlMetadataStore {
+    async fn ping(&self) -> Result<(), StorageError> {
+        sqlx::query("SELECT 1").execute(&self.reader).await?;
+        Ok(())
+    }
+}
