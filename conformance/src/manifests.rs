@@ -193,6 +193,65 @@ pub(crate) async fn run(ctx: &Ctx<'_>, rec: &mut Recorder) {
     .await;
 
     rec.run(
+        "manifest.invalid-reference-404",
+        "GET and HEAD of a reference that is neither a tag nor a digest (.INVALID_MANIFEST_NAME) answer 404, GET with MANIFEST_UNKNOWN",
+        async {
+            setup.get()?;
+            let got = client
+                .manifest(Method::GET, &repo, ".INVALID_MANIFEST_NAME")
+                .await?;
+            expect::error(&got, 404, &["MANIFEST_UNKNOWN"])?;
+            let head = client
+                .manifest(Method::HEAD, &repo, ".INVALID_MANIFEST_NAME")
+                .await?;
+            expect::status(&head, 404)?;
+            expect::no_body(&head)?;
+            pass()
+        },
+    )
+    .await;
+
+    rec.run(
+        "manifest.layer-size-mismatch-400",
+        "a manifest that declares a layer smaller than the blob is refused with 400 MANIFEST_INVALID",
+        async {
+            setup.get()?;
+            let wrong = descriptor(LAYER_MEDIA_TYPE, layer.digest.clone(), 5);
+            let m = image_manifest(empty_config(), vec![wrong], ImageParts::default())?;
+            let resp = client
+                .put_manifest(&repo, "undersized", OCI_MANIFEST, m.bytes.clone(), &[])
+                .await?;
+            if resp.is_success() {
+                return fail(format!(
+                    "the registry accepted a layer declared as 5 bytes for a blob of {} ({}); the spec leaves it open, vial must refuse",
+                    layer.bytes.len(),
+                    resp.status
+                ));
+            }
+            expect::error(&resp, 400, &["MANIFEST_INVALID"])?;
+            pass()
+        },
+    )
+    .await;
+
+    rec.run(
+        "manifest.index-sparse",
+        "an image index whose child manifests are not in the repository (a partial multi-platform copy) answers 201 and reads back",
+        async {
+            setup.get()?;
+            let mut child = descriptor(OCI_MANIFEST, unknown_digest(), 527);
+            child.platform = Some(serde_json::json!({"architecture": "arm64", "os": "linux"}));
+            let index = image_index(vec![child], unique_annotations())?;
+            let resp = push(client, &repo, "sparse", &index).await?;
+            expect::digest_header(&resp, &index.digest)?;
+            let got = client.manifest(Method::GET, &repo, "sparse").await?;
+            served(&got, &index)?;
+            pass()
+        },
+    )
+    .await;
+
+    rec.run(
         "manifest.blob-unknown-400",
         "a manifest whose layer is not in the repository is refused with 400 MANIFEST_BLOB_UNKNOWN",
         async {

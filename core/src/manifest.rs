@@ -4,9 +4,17 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use oci_spec::image as oci;
+
 use crate::{media, Digest};
 
-/// A content descriptor as defined by the image-spec.
+// Reading a pushed manifest goes through oci-spec's types (`summarize`). Writing one does not:
+// oci-spec keeps annotations in a `HashMap`, which serializes in no fixed order, and a vial
+// version's digest must come out the same on every machine; its descriptors' platforms are also
+// closed types where vial passes through whatever a source registry wrote. So the types vial writes
+// manifests with are these small local ones, with `BTreeMap` annotations.
+
+/// A content descriptor as defined by the image-spec./// A content descriptor as defined by the image-spec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Descriptor {
@@ -104,7 +112,7 @@ pub struct ManifestSummary {
     /// `artifactType`, or for an image manifest without one, its config media type (the referrers
     /// API's rule).
     pub artifact_type: Option<String>,
-    pub subject: Option<Descriptor>,
+    pub subject: Option<Referenced>,
     /// Blobs the registry must hold: config and distributable layers.
     pub blobs: Vec<Referenced>,
     /// Manifests an index points at.
@@ -123,7 +131,9 @@ struct Probe {
     config: Option<serde::de::IgnoredAny>,
 }
 
-/// Parses a manifest pushed with the given `Content-Type` (if any) and summarises it.
+/// Parses a manifest pushed with the given `Content-Type` (if any) and summarises it. The bytes
+/// stay the truth: this only reads them (with oci-spec's types) for what a registry must check
+/// and index, and unknown fields are neither refused nor lost.
 pub fn summarize(
     content_type: Option<&str>,
     bytes: &[u8],
@@ -153,62 +163,99 @@ pub fn summarize(
         (None, None) if probe.config.is_some() => media::OCI_MANIFEST.to_owned(),
         (None, None) => return Err(ManifestError::MissingMediaType),
     };
-    let malformed = |e: serde_json::Error| ManifestError::Malformed {
+    let malformed = |reason: String| ManifestError::Malformed {
         media_type: media_type.clone(),
-        reason: e.to_string(),
+        reason,
     };
     match media_type.as_str() {
         media::OCI_MANIFEST | media::DOCKER_MANIFEST => {
-            let m: ImageManifest = serde_json::from_slice(bytes).map_err(malformed)?;
-            if m.schema_version != 2 {
-                return Err(ManifestError::SchemaVersion(m.schema_version));
+            let m: oci::ImageManifest =
+                serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+            if m.schema_version() != 2 {
+                return Err(ManifestError::SchemaVersion(m.schema_version()));
             }
-            let mut blobs = vec![Referenced::from(&m.config)];
-            blobs.extend(
-                m.layers
-                    .iter()
-                    .filter(|l| is_distributable(l))
-                    .map(Referenced::from),
-            );
+            let mut blobs = vec![referenced(m.config()).map_err(malformed)?];
+            for layer in m.layers().iter().filter(|l| is_distributable(l)) {
+                blobs.push(referenced(layer).map_err(malformed)?);
+            }
             let artifact_type = m
-                .artifact_type
-                .clone()
-                .or_else(|| Some(m.config.media_type.clone()));
+                .artifact_type()
+                .as_ref()
+                .unwrap_or(m.config().media_type())
+                .to_string();
+            let subject = m
+                .subject()
+                .as_ref()
+                .map(referenced)
+                .transpose()
+                .map_err(malformed)?;
             Ok(ManifestSummary {
                 kind: ManifestKind::Image,
-                media_type,
-                artifact_type,
-                subject: m.subject,
+                media_type: media_type.clone(),
+                artifact_type: Some(artifact_type),
+                subject,
                 blobs,
                 children: Vec::new(),
-                annotations: m.annotations,
+                annotations: sorted(m.annotations()),
             })
         }
         media::OCI_INDEX | media::DOCKER_MANIFEST_LIST => {
-            let i: ImageIndex = serde_json::from_slice(bytes).map_err(malformed)?;
-            if i.schema_version != 2 {
-                return Err(ManifestError::SchemaVersion(i.schema_version));
+            let i: oci::ImageIndex =
+                serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+            if i.schema_version() != 2 {
+                return Err(ManifestError::SchemaVersion(i.schema_version()));
             }
+            let subject = i
+                .subject()
+                .as_ref()
+                .map(referenced)
+                .transpose()
+                .map_err(malformed)?;
+            let children = i
+                .manifests()
+                .iter()
+                .map(referenced)
+                .collect::<Result<_, _>>()
+                .map_err(malformed)?;
             Ok(ManifestSummary {
                 kind: ManifestKind::Index,
-                media_type,
-                artifact_type: i.artifact_type,
-                subject: i.subject,
+                media_type: media_type.clone(),
+                artifact_type: i.artifact_type().as_ref().map(ToString::to_string),
+                subject,
                 blobs: Vec::new(),
-                children: i.manifests.iter().map(Referenced::from).collect(),
-                annotations: i.annotations,
+                children,
+                annotations: sorted(i.annotations()),
             })
         }
         other => Err(ManifestError::UnsupportedMediaType(other.to_owned())),
     }
 }
 
+/// What a descriptor points at, with its digest held to the algorithms vial accepts.
+fn referenced(d: &oci::Descriptor) -> Result<Referenced, String> {
+    let digest = Digest::parse(&d.digest().to_string())
+        .map_err(|e| format!("descriptor digest {}: {e}", d.digest()))?;
+    Ok(Referenced {
+        digest,
+        size: d.size(),
+    })
+}
+
+fn sorted(
+    annotations: &Option<std::collections::HashMap<String, String>>,
+) -> Option<BTreeMap<String, String>> {
+    annotations
+        .as_ref()
+        .map(|a| a.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
 /// Layers with external URLs or a non-distributable media type need not be in the registry.
-fn is_distributable(d: &Descriptor) -> bool {
-    d.urls.as_ref().is_none_or(|u| u.is_empty())
+fn is_distributable(d: &oci::Descriptor) -> bool {
+    let media_type = d.media_type().to_string();
+    d.urls().as_ref().is_none_or(|u| u.is_empty())
         && !media::NON_DISTRIBUTABLE_PREFIXES
             .iter()
-            .any(|p| d.media_type.starts_with(p))
+            .any(|p| media_type.starts_with(p))
 }
 
 #[cfg(test)]
@@ -233,6 +280,39 @@ mod tests {
             Some("application/vnd.vial.test")
         );
         assert!(s.subject.is_none());
+    }
+
+    #[test]
+    fn media_type_constants_are_oci_specs() {
+        use oci_spec::image::MediaType;
+        assert_eq!(MediaType::ImageManifest.to_string(), media::OCI_MANIFEST);
+        assert_eq!(MediaType::ImageIndex.to_string(), media::OCI_INDEX);
+        assert_eq!(MediaType::EmptyJSON.to_string(), media::OCI_EMPTY);
+        assert_eq!(MediaType::ImageConfig.to_string(), media::OCI_CONFIG);
+    }
+
+    #[test]
+    fn sizes_subjects_and_unknown_fields_are_read_without_loss() {
+        let body = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{}","config":{{"mediaType":"application/vnd.vial.test","digest":"{}","size":2,"data":"e30="}},"layers":[{{"mediaType":"application/vnd.oci.image.layer.nondistributable.v1.tar","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000002","size":9}},{{"mediaType":"x","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000003","size":7,"x-custom":[1,2]}}],"subject":{{"mediaType":"{}","digest":"{}","size":3}},"annotations":{{"b":"2","a":"1"}},"vendor":{{"any":"thing"}}}}"#,
+            media::OCI_MANIFEST,
+            media::OCI_EMPTY_DIGEST,
+            media::OCI_MANIFEST,
+            media::OCI_EMPTY_DIGEST
+        );
+        let s = summarize(None, body.as_bytes()).unwrap();
+        // The non-distributable layer need not be in the registry; the others must, at their sizes.
+        let sizes: Vec<u64> = s.blobs.iter().map(|b| b.size).collect();
+        assert_eq!(sizes, [2, 7]);
+        assert_eq!(s.subject.map(|r| r.size), Some(3));
+        let keys: Vec<&String> = s.annotations.as_ref().unwrap().keys().collect();
+        assert_eq!(keys, ["a", "b"], "annotations come back in a fixed order");
+        // An algorithm vial does not accept is refused, not passed on.
+        let md5 = body.replace(
+            media::OCI_EMPTY_DIGEST,
+            "md5:d41d8cd98f00b204e9800998ecf8427e",
+        );
+        assert!(summarize(None, md5.as_bytes()).is_err());
     }
 
     #[test]

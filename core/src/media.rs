@@ -1,4 +1,6 @@
-//! Media types vial reads and writes.
+//! Media types vial reads and writes. They are `&str` constants rather than oci-spec's
+//! `MediaType` because `match` arms and header values need constants; each OCI one equals
+//! oci-spec's (a test in `manifest.rs` holds them to it).
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
