@@ -567,3 +567,38 @@ fn mount_dot_vial_takes_mount8_arguments() {
     );
     assert_eq!(m.stats()["cache_limit"], 100 << 20);
 }
+
+#[test]
+fn a_mount_refuses_a_non_empty_directory_and_names_what_fuse_lacks() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    push_files(&server, home.path(), "refuse", &[("w.bin", 10_000, 5)]);
+    let reference = format!("{}/weights/refuse:v1", server.addr);
+    // A directory with a file in it: mounting would hide the file.
+    let busy = home.path().join("busy");
+    std::fs::create_dir_all(&busy).unwrap();
+    std::fs::write(busy.join("precious.txt"), b"mine").unwrap();
+    let out = vial(home.path(), &["mount", &reference, busy.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not empty"), "{err}");
+    assert_eq!(err.matches("vial: error:").count(), 1, "said once: {err}");
+    assert_eq!(std::fs::read(busy.join("precious.txt")).unwrap(), b"mine");
+    // Without fusermount3 on PATH, the error says which package to install, not that the
+    // mountpoint is missing.
+    let empty = home.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = std::process::Command::new(crate::support::vial_bin())
+        .args(["mount", &reference, empty.to_str().unwrap()])
+        .env("HOME", home.path())
+        .env("PATH", home.path().join("no-such-bin"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fuse3"), "{err}");
+    assert!(!err.contains("No such file or directory"), "{err}");
+}

@@ -615,3 +615,48 @@ fn pushing_the_same_checkpoint_to_another_repository_uploads_nothing() {
     );
     assert_same_tree(&src, &out);
 }
+
+#[test]
+fn push_and_copy_summaries_say_only_what_happened_in_plain_counts() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let src = h.join("one");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("only.bin"), pseudo_random(1000, 3)).unwrap();
+    let reference = format!("{}/weights/words", server.addr);
+    let out = vial(
+        h,
+        &["push", src.to_str().unwrap(), &reference, "--tag", "v1"],
+    );
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("sealed 1 file,"), "{said}");
+    assert!(said.contains(" in 1 chunk:"), "{said}");
+    assert!(
+        !said.contains("unchanged"),
+        "a first push has nothing unchanged: {said}"
+    );
+    assert!(
+        !said.contains("1 chunks") && !said.contains("1 files"),
+        "{said}"
+    );
+    // A copy within one registry: the presence check links the blobs, nothing is mounted.
+    let out = vial(
+        h,
+        &[
+            "copy",
+            &format!("{reference}:v1"),
+            &format!("{}/weights/words-copy", server.addr),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("manifests and 0 blobs (0 B)"), "{said}");
+    assert!(said.contains("linked within the registry"), "{said}");
+    assert!(!said.contains("0 mounted"), "{said}");
+}
