@@ -13,6 +13,8 @@ use crate::report::{CheckResult, Outcome};
 pub(crate) enum Problem {
     Fail(String),
     Skip(String),
+    /// A tolerated alternative to what the check requires.
+    Warn(String),
 }
 
 /// What a check returns: `Ok(None)` for a plain pass, `Ok(Some(note))` for a pass worth a remark.
@@ -26,6 +28,11 @@ pub(crate) fn fail<T>(reason: impl Into<String>) -> Result<T, Problem> {
 /// A skipped check, for `?`-style early returns.
 pub(crate) fn skip<T>(reason: impl Into<String>) -> Result<T, Problem> {
     Err(Problem::Skip(reason.into()))
+}
+
+/// A tolerated alternative: reported as a warning, never as a pass.
+pub(crate) fn warn(reason: impl Into<String>) -> Verdict {
+    Err(Problem::Warn(reason.into()))
 }
 
 /// A plain pass.
@@ -105,6 +112,7 @@ impl Recorder {
             Ok(note) => (Outcome::Pass, note),
             Err(Problem::Fail(reason)) => (Outcome::Fail(reason), None),
             Err(Problem::Skip(reason)) => (Outcome::Skipped(reason), None),
+            Err(Problem::Warn(reason)) => (Outcome::Warn(reason), None),
         };
         let mut result = CheckResult::new(id, description, outcome);
         result.note = note;
@@ -141,6 +149,8 @@ impl<T> Slot<T> {
             value: value.map_err(|p| match p {
                 Problem::Fail(r) => Problem::Fail(format!("setup ({what}) failed: {r}")),
                 Problem::Skip(r) => Problem::Skip(format!("setup ({what}) skipped: {r}")),
+                // Setup that only met a tolerated alternative cannot be built on as if it passed.
+                Problem::Warn(r) => Problem::Fail(format!("setup ({what}): {r}")),
             }),
         }
     }
@@ -221,9 +231,13 @@ mod tests {
         .await;
         rec.run("skipped.one", "never runs", async { fail("ran") })
             .await;
+        rec.run("alt.one", "a tolerated alternative", async { warn("404, not 400") })
+            .await;
         let results = rec.into_results();
         assert!(results[0].outcome.is_pass());
         assert!(results[1].outcome.is_fail());
         assert!(results[2].outcome.is_skipped());
+        assert!(results[3].outcome.is_warning() && !results[3].outcome.is_pass());
+        assert!(results[3].to_string().starts_with("WARN  alt.one"));
     }
 }

@@ -53,6 +53,7 @@ async fn main() -> ExitCode {
             "namespace": config.namespace,
             "passed": report.passed(),
             "failed": report.failed(),
+            "warnings": report.warnings(),
             "skipped": report.skipped(),
             "results": report.results,
         });

@@ -494,15 +494,18 @@ async fn digest_mismatch(ctx: &Ctx<'_>, rec: &mut Recorder, repo: &str) {
             let outcome = expect::error(&resp, 400, &["DIGEST_INVALID"]);
             abandon(client, &url).await;
             outcome?;
-            // Neither digest may now name a blob.
-            let head = client
-                .blob(Method::HEAD, repo, wrong.as_str(), None)
-                .await?;
-            require!(
-                head.status == 404,
-                "after the rejected PUT, HEAD of the claimed digest answered {}",
-                head.status
-            );
+            // Neither digest may now name a blob: not the one claimed, and not the one the bytes
+            // really have (the upload must not have been stored under its true name either).
+            for (what, digest) in [("claimed", &wrong), ("uploaded bytes'", &blob.digest)] {
+                let head = client
+                    .blob(Method::HEAD, repo, digest.as_str(), None)
+                    .await?;
+                require!(
+                    head.status == 404,
+                    "after the rejected PUT, HEAD of the {what} digest {digest} answered {}",
+                    head.status
+                );
+            }
             pass()
         },
     )

@@ -12,6 +12,9 @@ pub enum Outcome {
     Pass,
     /// The registry did not meet the requirement (or could not be reached); the string says why.
     Fail(String),
+    /// The registry answered with an alternative the suite tolerates but the check does not name
+    /// (a 404 where 400 `NAME_INVALID` is due, another error code): not a failure, not a pass.
+    Warn(String),
     /// The requirement was not tested: it was excluded by configuration, depends on an optional
     /// feature the registry declined in a way the specification allows, or depends on a check
     /// that did not run.
@@ -29,6 +32,10 @@ impl Outcome {
 
     pub fn is_skipped(&self) -> bool {
         matches!(self, Outcome::Skipped(_))
+    }
+
+    pub fn is_warning(&self) -> bool {
+        matches!(self, Outcome::Warn(_))
     }
 }
 
@@ -73,6 +80,7 @@ impl fmt::Display for CheckResult {
                 Ok(())
             }
             Outcome::Fail(reason) => write!(f, "FAIL  {}  {}: {reason}", self.id, self.description),
+            Outcome::Warn(reason) => write!(f, "WARN  {}  {}: {reason}", self.id, self.description),
             Outcome::Skipped(reason) => {
                 write!(f, "SKIP  {}  {}: {reason}", self.id, self.description)
             }
@@ -100,6 +108,13 @@ impl Report {
         self.results.iter().filter(|r| r.outcome.is_fail()).count()
     }
 
+    pub fn warnings(&self) -> usize {
+        self.results
+            .iter()
+            .filter(|r| r.outcome.is_warning())
+            .count()
+    }
+
     pub fn skipped(&self) -> usize {
         self.results
             .iter()
@@ -112,9 +127,13 @@ impl Report {
         self.results.iter().find(|r| r.id == id)
     }
 
-    /// `N passed, M failed`, followed by `, K skipped` when anything was skipped.
+    /// `N passed, M failed`, followed by `, W warnings` and `, K skipped` when there are any.
     pub fn summary(&self) -> String {
         let mut line = format!("{} passed, {} failed", self.passed(), self.failed());
+        let warnings = self.warnings();
+        if warnings > 0 {
+            line.push_str(&format!(", {warnings} warnings"));
+        }
         let skipped = self.skipped();
         if skipped > 0 {
             line.push_str(&format!(", {skipped} skipped"));
