@@ -129,7 +129,7 @@ fn endpoints(repo: &str, digest: &str) -> Vec<(reqwest::Method, String)> {
 #[test]
 fn every_endpoint_refuses_missing_forged_expired_and_wrong_scope_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    let server = serve(dir.path(), "2s");
+    let server = serve(dir.path(), "5m");
     let base = server.url();
     let plain = Client::new();
     let digest = Algorithm::Sha256.digest_bytes(b"x").to_string();
@@ -152,12 +152,6 @@ fn every_endpoint_refuses_missing_forged_expired_and_wrong_scope_tokens() {
         &base,
         Some(ALICE),
         "repository:weights/other:pull,push,delete",
-    );
-    let expired = token(
-        &plain,
-        &base,
-        Some(ALICE),
-        "repository:weights/a:pull,push,delete",
     );
 
     for (method, path) in endpoints("weights/a", &digest) {
@@ -213,16 +207,56 @@ fn every_endpoint_refuses_missing_forged_expired_and_wrong_scope_tokens() {
         .unwrap();
     assert_eq!(r.status(), 403);
 
-    std::thread::sleep(Duration::from_secs(3));
-    let r = with_token(&expired)
+    let body: serde_json::Value = with_token(&forged)
         .get(format!("{base}/v2/weights/a/tags/list"))
         .send()
-        .unwrap();
-    assert_eq!(r.status(), 401, "an expired token");
-    assert!(r.headers()["www-authenticate"]
-        .to_str()
         .unwrap()
-        .contains("error=\"invalid_token\""));
+        .json()
+        .unwrap();
+    assert_eq!(body["errors"][0]["message"], "token signature is not valid");
+
+    // Expiry, on a registry of its own whose tokens live a second, so that how long the requests
+    // above took cannot matter: the token is used until the registry refuses it, and the refusal
+    // must then be for its age, not for anything else.
+    let short = tempfile::tempdir().unwrap();
+    let server = serve(short.path(), "1s");
+    let base = server.url();
+    let expiring = with_token(&token(
+        &plain,
+        &base,
+        Some(ALICE),
+        "repository:weights/a:pull,push,delete",
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        let r = expiring
+            .get(format!("{base}/v2/weights/a/tags/list"))
+            .send()
+            .unwrap();
+        if r.status() == 401 {
+            break r;
+        }
+        assert!(
+            [200, 404].contains(&r.status().as_u16()),
+            "a valid token refused: {}",
+            r.status()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a one-second token was still accepted a minute later"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        r.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .contains("error=\"invalid_token\""),
+        "an expired token"
+    );
+    let body: serde_json::Value = r.json().unwrap();
+    assert_eq!(body["errors"][0]["code"], "UNAUTHORIZED");
+    assert_eq!(body["errors"][0]["message"], "token has expired");
 }
 
 #[test]
@@ -436,6 +470,12 @@ fn skopeo_oras_and_the_vial_cli_sign_in_as_usual() {
         };
         let refused = copy(&format!("{}:{}", BOB.0, BOB.1));
         assert!(!refused.status.success(), "bob may not push");
+        // And it failed for that reason: the registry's refusal, not some other error.
+        let why = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            why.contains("denied: bob may not push weights/skopeo"),
+            "bob's push failed, but not on authorization: {why}"
+        );
         let ok = copy(&format!("{}:{}", ALICE.0, ALICE.1));
         assert!(
             ok.status.success(),
@@ -621,22 +661,65 @@ fn https_with_a_given_certificate() {
     }
 }
 
+/// The name the private-CA test gives the registry: `.test` never resolves in public DNS (RFC 2606),
+/// so only the hosts file the test mounts makes it point at this machine.
+const TLS_HOST: &str = "registry.vial.test";
+
+/// `unshare --mount` then a bind mount of `hosts` over /etc/hosts: the command after it resolves
+/// names through that file, and nothing outside its mount namespace sees the change.
+fn with_hosts_file(hosts: &Path, program: &Path) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "sh",
+        "-c",
+        r#"mount --bind "$0" /etc/hosts && exec "$@""#,
+    ])
+    .arg(hosts)
+    .arg(program);
+    c
+}
+
+/// Whether this machine lets the test mount a private /etc/hosts (root and mount namespaces). Without
+/// that the test is skipped, or fails under VIAL_TEST_REQUIRE_ALL=1.
+fn private_hosts_work(hosts: &Path) -> bool {
+    if peer("unshare").is_none() {
+        return false;
+    }
+    let probe = with_hosts_file(hosts, Path::new("cat"))
+        .arg("/etc/hosts")
+        .output()
+        .unwrap();
+    let ok = probe.status.success() && probe.stdout == std::fs::read(hosts).unwrap();
+    if !ok {
+        assert!(
+            !crate::support::require_all(),
+            "a private /etc/hosts (unshare --mount, as root) is required (VIAL_TEST_REQUIRE_ALL=1): {}",
+            String::from_utf8_lossy(&probe.stderr)
+        );
+        eprintln!("SKIP: cannot mount a private /etc/hosts here (needs root)");
+    }
+    ok
+}
+
 #[test]
 fn the_vial_cli_trusts_a_private_ca_from_the_system_store() {
-    // The CLI speaks plain HTTP to loopback registries, so this needs an address of the machine's
-    // own that is not loopback.
-    let Some(ip) = String::from_utf8_lossy(&run(Command::new("hostname").arg("-I")).into_bytes())
-        .split_whitespace()
-        .filter_map(|a| a.parse::<std::net::Ipv4Addr>().ok())
-        .find(|a| !a.is_loopback())
-    else {
-        eprintln!("SKIP: no non-loopback IPv4 address");
+    // The CLI speaks plain HTTP to loopback addresses and names, so the registry gets a name of
+    // its own, which a hosts file seen only by the CLI's mount namespace points at 127.0.0.1: the
+    // test needs no network and no address of the machine's but loopback.
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(
+        &hosts,
+        format!("127.0.0.1 localhost\n127.0.0.1 {TLS_HOST}\n"),
+    )
+    .unwrap();
+    if !private_hosts_work(&hosts) {
         return;
-    };
+    }
     let Some(openssl) = peer("openssl") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
     let ec = [
         "-newkey",
@@ -650,12 +733,12 @@ fn the_vial_cli_trusts_a_private_ca_from_the_system_store() {
         .args(ec)
         .args(["-keyout", &p("ca.key"), "-out", &p("ca.pem")]));
     run(Command::new(&openssl)
-        .args(["req", "-subj", &format!("/CN={ip}")])
+        .args(["req", "-subj", &format!("/CN={TLS_HOST}")])
         .args(ec)
         .args(["-keyout", &p("key.pem"), "-out", &p("leaf.csr")]));
     std::fs::write(
         p("leaf.ext"),
-        format!("subjectAltName=IP:{ip}\nbasicConstraints=CA:FALSE\n"),
+        format!("subjectAltName=DNS:{TLS_HOST}\nbasicConstraints=CA:FALSE\n"),
     )
     .unwrap();
     run(Command::new(&openssl)
@@ -670,23 +753,17 @@ fn the_vial_cli_trusts_a_private_ca_from_the_system_store() {
         .args(["-extfile", &p("leaf.ext"), "-out", &p("cert.pem")]));
     let server = Server::start_on(
         &dir.path().join("data"),
-        &[
-            "--addr",
-            &format!("{ip}:0"),
-            "--tls-cert",
-            &p("cert.pem"),
-            "--tls-key",
-            &p("key.pem"),
-        ],
+        &["--tls-cert", &p("cert.pem"), "--tls-key", &p("key.pem")],
     );
+    let port = server.addr.rsplit_once(':').unwrap().1;
 
     let home = dir.path().join("home");
     let src = home.join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("w.bin"), pseudo_random(2 << 20, 4)).unwrap();
-    let reference = format!("{}/weights/tls:v1", server.addr);
+    let reference = format!("{TLS_HOST}:{port}/weights/tls:v1");
     let vial_with_ca = |ca: &str, args: &[&str]| {
-        Command::new(crate::support::vial_bin())
+        with_hosts_file(&hosts, &crate::support::vial_bin())
             .args(args)
             .env("HOME", &home)
             .env("DOCKER_CONFIG", home.join("docker"))

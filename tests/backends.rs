@@ -220,20 +220,18 @@ fn pushes_fail_with_503_while_postgres_is_down_and_succeed_after() {
     );
 
     pg.start_again();
-    // The pool reconnects by itself; the same push now succeeds and nothing half-written is visible.
+    // The pool reconnects by itself: wait until reads work again.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let r = c
-            .post(format!(
-                "{}/v2/outage/blobs/uploads/?digest={digest}",
-                server.url()
-            ))
-            .body(data.clone())
+            .get(format!("{}/v2/outage/blobs/{before}", server.url()))
             .send()
             .unwrap();
-        if r.status() == 201 {
+        if r.status() == 200 {
+            assert_eq!(r.bytes().unwrap().as_ref(), b"before the outage");
             break;
         }
+        assert_eq!(r.status(), 503, "while the pool reconnects");
         assert!(
             std::time::Instant::now() < deadline,
             "the registry did not recover: {}",
@@ -241,11 +239,38 @@ fn pushes_fail_with_503_while_postgres_is_down_and_succeed_after() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert_eq!(
+        c.get(format!("{}/readyz", server.url()))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
+    // Nothing of the failed push is visible.
     let r = c
-        .get(format!("{}/v2/outage/blobs/{before}", server.url()))
+        .head(format!("{}/v2/outage/blobs/{digest}", server.url()))
         .send()
         .unwrap();
-    assert_eq!(r.bytes().unwrap().as_ref(), b"before the outage");
+    assert_eq!(
+        r.status(),
+        404,
+        "the push refused during the outage left a blob"
+    );
+    // The same push now succeeds and reads back whole.
+    let r = c
+        .post(format!(
+            "{}/v2/outage/blobs/uploads/?digest={digest}",
+            server.url()
+        ))
+        .body(data.clone())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201, "the same push once the database is back");
+    let r = c
+        .get(format!("{}/v2/outage/blobs/{digest}", server.url()))
+        .send()
+        .unwrap();
+    assert!(r.bytes().unwrap().as_ref() == data.as_slice());
     let home = dir.path().join("home");
     let src = home.join("src");
     std::fs::create_dir_all(&src).unwrap();

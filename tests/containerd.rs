@@ -19,6 +19,26 @@ fn is_mounted(path: &str) -> bool {
         .any(|l| l.split(' ').nth(1) == Some(path))
 }
 
+/// The ids of the mounts at `path`, bottom to top (/proc/self/mountinfo: id first, mount point fifth).
+fn mount_ids(path: &str) -> Vec<u64> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(path))
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// Whether none of the mounts `old` at `path` is there any more, or what is mounted there is a FUSE
+/// mount whose daemon is gone (ENOTCONN).
+fn old_mount_gone_or_dead(path: &str, old: &[u64]) -> bool {
+    let ids = mount_ids(path);
+    if !ids.iter().any(|id| old.contains(id)) {
+        return true;
+    }
+    std::fs::metadata(path).is_err_and(|e| e.raw_os_error() == Some(107))
+}
+
 fn stats(mountpoint: &str) -> serde_json::Value {
     let path = Path::new(mountpoint).join(vial_snapshotter::stats_file_name());
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
@@ -195,16 +215,24 @@ fn volumes_mount_lazily_in_containerd_and_ordinary_images_still_run() {
     assert_same_tree(&local, Path::new(&mountpoint));
     // (ctr made the view under a lease of its own: containerd removes it with the lease.)
 
-    // Killed and started again, the snapshotter mounts the volume again and serves as before.
+    // Killed and started again, the snapshotter mounts the volume again and serves as before. The
+    // killed one's mount must be gone or dead first, or "mounted again" would prove nothing.
+    let old = mount_ids(&mountpoint);
+    assert_eq!(old.len(), 1, "one mount at {mountpoint}");
     ctd.kill_snapshotter();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while is_mounted(&mountpoint) && Instant::now() < deadline {
+    while !old_mount_gone_or_dead(&mountpoint, &old) {
+        assert!(
+            Instant::now() < deadline,
+            "the killed snapshotter's mount of {mountpoint} still answers"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     ctd.start_snapshotter();
+    let now = mount_ids(&mountpoint);
     assert!(
-        is_mounted(&mountpoint),
-        "the restarted snapshotter mounts the volume again"
+        now.last().is_some_and(|id| !old.contains(id)),
+        "the restarted snapshotter mounts the volume again (mounts before: {old:?}, now: {now:?})"
     );
     // containerd redials the proxy plugin with a backoff of its own.
     let deadline = Instant::now() + Duration::from_secs(30);

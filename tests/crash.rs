@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use vial_core::{Algorithm, Digest};
 
-use crate::support::{oci::pseudo_random, Server};
+use crate::support::{matrix_bucket, oci::pseudo_random, Server};
 
 #[derive(Default)]
 struct Ledger {
@@ -16,8 +16,19 @@ struct Ledger {
     committed: HashMap<(String, Digest), usize>,
     /// Blobs whose upload was under way when the server died.
     in_flight: HashMap<(String, Digest), usize>,
-    /// Manifests acknowledged with 201: (repo, tag) → (digest, bytes).
+    /// Manifests acknowledged with 201: (repo, tag, digest, bytes).
     manifests: Vec<(String, String, Digest, Vec<u8>)>,
+    /// What each tag may point at: (repo, tag) → its state.
+    tags: HashMap<(String, String), TagState>,
+}
+
+/// Where a tag may point after a crash.
+#[derive(Default)]
+struct TagState {
+    /// The digest of the last PUT to the tag the server acknowledged (or the tag was seen at).
+    acknowledged: Option<Digest>,
+    /// PUTs sent after it that got no answer: the server may have committed any of them.
+    unanswered: Vec<Digest>,
 }
 
 fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: Arc<Mutex<Ledger>>) {
@@ -55,6 +66,17 @@ fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: A
         }))
         .unwrap();
         let tag = format!("t{}", n % 3);
+        let d = Algorithm::Sha256.digest_bytes(&manifest);
+        let key = (repo.clone(), tag.clone());
+        // Recorded before it is sent: from here on the server may move the tag.
+        ledger
+            .lock()
+            .unwrap()
+            .tags
+            .entry(key.clone())
+            .or_default()
+            .unanswered
+            .push(d.clone());
         let Ok(resp) = client
             .put(format!("{base}/v2/{repo}/manifests/{tag}"))
             .header("content-type", vial_core::media::OCI_MANIFEST)
@@ -63,13 +85,15 @@ fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: A
         else {
             return;
         };
+        let mut l = ledger.lock().unwrap();
+        let state = l.tags.get_mut(&key).unwrap();
         if resp.status() == 201 {
-            let d = Algorithm::Sha256.digest_bytes(&manifest);
-            ledger
-                .lock()
-                .unwrap()
-                .manifests
-                .push((repo.clone(), tag, d, manifest));
+            state.acknowledged = Some(d.clone());
+            state.unanswered.clear();
+            l.manifests.push((repo.clone(), tag, d, manifest));
+        } else {
+            // An answer other than 201 is a refusal: the tag did not move.
+            state.unanswered.retain(|u| *u != d);
         }
     }
 }
@@ -117,7 +141,7 @@ fn upload_chunked(
     Ok(resp.status() == 201)
 }
 
-fn verify(server: &Server, ledger: &Ledger) {
+fn verify(server: &Server, ledger: &mut Ledger) {
     let client = reqwest::blocking::Client::new();
     let base = server.url();
     for ((repo, digest), size) in &ledger.committed {
@@ -168,42 +192,84 @@ fn verify(server: &Server, ledger: &Ledger) {
         );
         assert_eq!(resp.bytes().unwrap().as_ref(), bytes.as_slice());
     }
-    // Every tag must resolve to a manifest whose content matches its digest.
+    // Every tag resolves to a manifest whose content matches its digest: the last one a PUT to
+    // it was acknowledged with, or one sent after that which never got an answer. A tag nothing
+    // was acknowledged for may be missing.
     for worker in 0..4 {
         for t in 0..3 {
+            let (repo, tag) = (format!("crash/w{worker}"), format!("t{t}"));
+            let state = ledger.tags.entry((repo.clone(), tag.clone())).or_default();
             let resp = client
-                .get(format!("{base}/v2/crash/w{worker}/manifests/t{t}"))
+                .get(format!("{base}/v2/{repo}/manifests/{tag}"))
+                .header("accept", vial_core::media::OCI_MANIFEST)
                 .send()
                 .unwrap();
-            if resp.status() == 200 {
-                let d = resp.headers()["docker-content-digest"]
-                    .to_str()
-                    .unwrap()
-                    .to_owned();
-                let body = resp.bytes().unwrap();
-                assert_eq!(Algorithm::Sha256.digest_bytes(&body).as_str(), d);
-            } else {
-                assert_eq!(resp.status(), 404);
-            }
-        }
-    }
-    // No blob file on disk may hold bytes that do not match its name.
-    let blobs = server.data.join("blobs/sha256");
-    if let Ok(prefixes) = std::fs::read_dir(&blobs) {
-        for prefix in prefixes {
-            for file in std::fs::read_dir(prefix.unwrap().path()).unwrap() {
-                let path = file.unwrap().path();
-                let bytes = std::fs::read(&path).unwrap();
-                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if resp.status() == 404 {
                 assert_eq!(
-                    Algorithm::Sha256.digest_bytes(&bytes).hex(),
-                    name,
-                    "corrupt blob file {}",
-                    path.display()
+                    state.acknowledged, None,
+                    "the acknowledged update of {repo}:{tag} was lost"
                 );
+                state.unanswered.clear();
+                continue;
+            }
+            assert_eq!(resp.status(), 200, "{repo}:{tag}");
+            let d = resp.headers()["docker-content-digest"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let body = resp.bytes().unwrap();
+            let digest = Algorithm::Sha256.digest_bytes(&body);
+            assert_eq!(digest.as_str(), d);
+            assert!(
+                state.acknowledged.as_ref() == Some(&digest) || state.unanswered.contains(&digest),
+                "{repo}:{tag} is at {digest}, but its last acknowledged update set {:?} (and no \
+                 unanswered PUT since set {digest}: {:?})",
+                state.acknowledged,
+                state.unanswered
+            );
+            // What the restarted server shows is durable now: the next crash may not undo it.
+            state.acknowledged = Some(digest);
+            state.unanswered.clear();
+        }
+    }
+    // No stored blob may hold bytes that do not match its name.
+    let mut checked = 0;
+    if let Some((bucket, prefix)) = matrix_bucket(&server.data) {
+        for key in bucket.keys(&format!("{prefix}blobs/sha256/")) {
+            let bytes = bucket.object(&key);
+            assert_eq!(
+                Algorithm::Sha256.digest_bytes(&bytes).hex(),
+                key.rsplit('/').next().unwrap(),
+                "corrupt blob object {key}"
+            );
+            checked += 1;
+        }
+    } else {
+        let blobs = server.data.join("blobs/sha256");
+        if blobs.exists() {
+            for prefix in std::fs::read_dir(&blobs).unwrap() {
+                for file in std::fs::read_dir(prefix.unwrap().path()).unwrap() {
+                    let path = file.unwrap().path();
+                    let bytes = std::fs::read(&path).unwrap();
+                    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                    assert_eq!(
+                        Algorithm::Sha256.digest_bytes(&bytes).hex(),
+                        name,
+                        "corrupt blob file {}",
+                        path.display()
+                    );
+                    checked += 1;
+                }
             }
         }
     }
+    let acknowledged: std::collections::HashSet<&Digest> =
+        ledger.committed.keys().map(|(_, d)| d).collect();
+    assert!(
+        checked >= acknowledged.len(),
+        "{checked} stored blobs checked, but {} were acknowledged",
+        acknowledged.len()
+    );
 }
 
 #[test]
@@ -218,7 +284,7 @@ fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     for round in 0..4u64 {
         let server = Server::start_on(&data, &[]);
-        verify(&server, &ledger.lock().unwrap());
+        verify(&server, &mut ledger.lock().unwrap());
         ledger.lock().unwrap().in_flight.clear();
         let stop = Arc::new(AtomicBool::new(false));
         let workers: Vec<_> = (0..4)
@@ -248,10 +314,14 @@ fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
         }
     }
     let server = Server::start_on(&data, &[]);
-    let l = ledger.lock().unwrap();
+    let mut l = ledger.lock().unwrap();
     assert!(
         !l.committed.is_empty(),
         "no push completed: the test exercised nothing"
     );
-    verify(&server, &l);
+    assert!(
+        l.tags.values().any(|t| t.acknowledged.is_some()),
+        "no tag update was acknowledged: the test exercised nothing"
+    );
+    verify(&server, &mut l);
 }

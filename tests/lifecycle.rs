@@ -42,6 +42,16 @@ fn digests(versions: &serde_json::Value) -> Vec<&str> {
         .collect()
 }
 
+/// Polls `done` until it holds. The deadline is generous: it only catches an effect that never
+/// comes, never one that comes late.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "waited a minute for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Fails with a message containing `needle`.
 fn fails_with(home: &Path, args: &[&str], needle: &str) {
     let out = vial(home, args);
@@ -163,8 +173,12 @@ fn retention_windows_apply_per_namespace_and_expired_versions_are_removed_for_go
         "past a 0s window nothing is restorable"
     );
     fails_with(h, &["restore", &gone], "retention window");
-    // The janitor runs every second: give it a few.
-    std::thread::sleep(Duration::from_secs(3));
+    // The janitor runs every second: wait until it has removed the expired version for good.
+    wait_for("the janitor to remove the expired version", || {
+        let out = vial(h, &["restore", &gone]);
+        assert!(!out.status.success(), "a version past its window restored");
+        String::from_utf8_lossy(&out.stderr).contains("no deleted manifest")
+    });
     assert!(server.stop().success());
 
     // With a long window everywhere, what the janitor removed stays removed; the rest restores.
@@ -363,7 +377,17 @@ fn tags_keep_their_history_obey_protection_rules_and_expire() {
     // An expiring tag resolves until its time, then it is gone, and the history says why.
     vial_ok(h, &["tag", "set", &p2, "trial", "--expires-at", "2s"]);
     vial_ok(h, &["inspect", &format!("{m}:trial")]);
-    std::thread::sleep(Duration::from_millis(3500));
+    let history = |h: &Path| -> Vec<String> {
+        json(h, &["tag", "history", &m, "trial", "--json"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    wait_for("the janitor to remove the expired tag", || {
+        history(h).contains(&"expired".to_owned())
+    });
     fails_with(h, &["inspect", &format!("{m}:trial")], "not found");
     let tags = json(h, &["tag", "ls", &m, "--json"]);
     let names: Vec<&str> = tags
@@ -373,11 +397,5 @@ fn tags_keep_their_history_obey_protection_rules_and_expire() {
         .map(|t| t["tag"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["latest", "v1"]);
-    let reasons: Vec<String> = json(h, &["tag", "history", &m, "trial", "--json"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["reason"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(reasons, vec!["push", "expired"]);
+    assert_eq!(history(h), vec!["push", "expired"]);
 }

@@ -16,6 +16,7 @@ mod conformance;
 mod containerd;
 mod copy;
 mod crash;
+mod cri;
 mod docker_registry;
 mod gc;
 mod hardening;

@@ -367,11 +367,32 @@ fn corrupt_chunks_are_eio_and_a_dead_registry_fails_reads_in_bounded_time() {
     assert_eq!(err.raw_os_error(), Some(5), "expected EIO, got {err}");
 
     // Transient 503s are retried and the read succeeds.
+    proxy.take_answered();
     proxy.set(Fault::Unavailable(2));
     assert_eq!(
         std::fs::read(m.path.join("a.bin")).unwrap(),
         std::fs::read(src.join("a.bin")).unwrap()
     );
+    let gets = proxy.take_answered();
+    assert_eq!(
+        proxy.fault(),
+        Fault::Unavailable(0),
+        "the read never met the injected 503s"
+    );
+    assert_eq!(
+        gets.iter().filter(|g| g.status == 503).count(),
+        2,
+        "{gets:?}"
+    );
+    // Every chunk a 503 refused was then fetched whole.
+    for refused in gets.iter().filter(|g| g.status == 503) {
+        assert!(
+            gets.iter()
+                .any(|g| g.digest == refused.digest && g.status == 200 && g.bytes > 0),
+            "{} was never fetched after its 503: {gets:?}",
+            refused.digest
+        );
+    }
 
     // A stalled registry is timed out.
     proxy.set(Fault::Stall);

@@ -84,6 +84,27 @@ fn wait_until(
     }
 }
 
+/// Waits until the registry logging to `log` says the attempt running job `id` has stopped: it
+/// found its lease gone, or its outcome refused because the job is no longer its own.
+fn attempt_ended(log: &Path, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap();
+        if text.lines().any(|l| {
+            l.contains(id)
+                && (l.contains("job lease was lost to another runner; abandoning this attempt")
+                    || l.contains("job was taken over before it finished; outcome dropped"))
+        }) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled attempt of {id} never stopped:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn a_bucket_prefix_syncs_into_the_version_vial_push_seals_from_the_same_files() {
     let Some(s3) = S3Server::start() else { return };
@@ -404,7 +425,8 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     // The registry dies mid-file; the held file comes free only afterwards.
     server.kill_hard();
     hub.release();
-    let server = Server::start_on(&data, &args);
+    let log = dir.path().join("server.log");
+    let server = Server::start_logging(&data, &args, "warn", &log);
     let volume = format!("{}/weights/tiny", server.addr);
     let pinned = vial_ok(&home, &["sync", "status", &volume, &id, "--wait"]);
 
@@ -486,9 +508,15 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     let out = vial(&home, &["sync", "status", &volume, &id, "--wait"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cancelled"));
-    // Past a lease renewal, the abandoned attempt has recorded nothing and tagged nothing.
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(status(&home, &volume, &id)["state"], "failed");
+    // Once the abandoned attempt has stopped (at its next lease renewal, or on finding its outcome
+    // fenced off), it has recorded nothing and tagged nothing.
+    attempt_ended(&log, &id);
+    let job = status(&home, &volume, &id);
+    assert_eq!(job["state"], "failed");
+    assert!(
+        job["error"].as_str().unwrap().contains("cancelled by"),
+        "{job}"
+    );
     let tags = vial_ok(&home, &["tag", "ls", &volume]);
     assert!(!tags.contains("cancelled"), "{tags}");
     drop(server);

@@ -51,33 +51,82 @@ fn the_same_content_gives_the_same_digest_whatever_the_order_and_mtimes() {
     let home = tempfile::tempdir().unwrap();
     let (a, b) = (home.path().join("a"), home.path().join("b"));
     write_tree(&a);
-    // Same content written in another order, with other mtimes and a different umask-like mode.
+    // Same content written in another order at every level, with other mtimes and a different
+    // umask-like mode.
     std::fs::create_dir_all(&b).unwrap();
     write_safetensors(&b.join("model.safetensors"), &bert_like(2, 5));
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    let mut names: Vec<_> = std::fs::read_dir(&a)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    names.reverse();
-    for n in names {
-        let (from, to) = (a.join(&n), b.join(&n));
-        if to.exists() {
-            continue;
-        }
-        let status = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&from)
-            .arg(&to)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
+    copy_in_reverse(&a, &b);
     std::fs::set_permissions(b.join("big.bin"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    set_mtimes(&a, 1_000_000_000);
+    set_mtimes(&b, 1_500_000_000);
+    assert_ne!(
+        std::fs::metadata(a.join("a/b/c/d/e/f/g/deep.txt"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        std::fs::metadata(b.join("a/b/c/d/e/f/g/deep.txt"))
+            .unwrap()
+            .modified()
+            .unwrap()
+    );
+    assert_same_tree(&a, &b);
     let reference = format!("{}/weights/determinism", server.addr);
     let ra = push_json(home.path(), &a, &reference, &[]);
     let rb = push_json(home.path(), &b, &reference, &[]);
     assert_eq!(ra["digest"], rb["digest"]);
+}
+
+/// Recreates what is under `from` under `to`, each directory's entries in reverse name order,
+/// without keeping mtimes; entries `to` already has are left alone.
+fn copy_in_reverse(from: &Path, to: &Path) {
+    let mut names: Vec<_> = std::fs::read_dir(from)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    names.reverse();
+    for n in names {
+        let (src, dst) = (from.join(&n), to.join(&n));
+        if std::fs::symlink_metadata(&dst).is_ok() {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(&src).unwrap();
+        if meta.file_type().is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+        } else if meta.is_dir() {
+            std::fs::create_dir(&dst).unwrap();
+            copy_in_reverse(&src, &dst);
+        } else {
+            std::fs::write(&dst, std::fs::read(&src).unwrap()).unwrap();
+            std::fs::set_permissions(&dst, meta.permissions()).unwrap();
+        }
+    }
+}
+
+/// Gives every entry under `root` (symlinks themselves too) its own mtime, counting up from `base`
+/// seconds since the epoch.
+fn set_mtimes(root: &Path, base: u64) {
+    let mut paths = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+                stack.push(p.clone());
+            }
+            paths.push(p);
+        }
+    }
+    paths.sort();
+    for (i, p) in paths.iter().enumerate() {
+        crate::support::run(
+            std::process::Command::new("touch")
+                .arg("-h")
+                .arg("-d")
+                .arg(format!("@{}", base + i as u64 * 7))
+                .arg(p),
+        );
+    }
 }
 
 #[test]
@@ -479,7 +528,9 @@ fn corrupt_or_failing_downloads_are_detected_and_nothing_wrong_is_kept() {
     let home = tempfile::tempdir().unwrap();
     let src = home.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("w.bin"), pseudo_random(3 << 20, 9)).unwrap();
+    // Larger than the largest chunk, so that half of it holds whole chunks.
+    let size = 16 << 20;
+    std::fs::write(src.join("w.bin"), pseudo_random(size, 9)).unwrap();
     let pinned = push_json(
         home.path(),
         &src,
@@ -512,12 +563,70 @@ fn corrupt_or_failing_downloads_are_detected_and_nothing_wrong_is_kept() {
     );
     assert!(!out.join("w.bin").exists());
 
-    // Two 503s are retried; the same command then completes, resuming what it had.
+    // An interrupted pull left the first half of the file in its part file. Two 503s are retried;
+    // the same command then completes, resuming what it had.
+    let original = std::fs::read(src.join("w.bin")).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join(".w.bin.vial-part"), &original[..size / 2]).unwrap();
+    let pull_json = || -> serde_json::Value {
+        serde_json::from_str(&vial_ok(
+            home.path(),
+            &["pull", &pinned, out.to_str().unwrap(), "--json"],
+        ))
+        .unwrap()
+    };
+    proxy.take_answered();
     proxy.set(Fault::Unavailable(2));
-    vial_ok(home.path(), &["pull", &pinned, out.to_str().unwrap()]);
+    let resumed = pull_json();
+    assert_eq!(std::fs::read(out.join("w.bin")).unwrap(), original);
+    let gets = proxy.take_answered();
     assert_eq!(
-        std::fs::read(out.join("w.bin")).unwrap(),
-        std::fs::read(src.join("w.bin")).unwrap()
+        proxy.fault(),
+        Fault::Unavailable(0),
+        "the pull never met the injected 503s"
+    );
+    assert_eq!(
+        gets.iter().filter(|g| g.status == 503).count(),
+        2,
+        "{gets:?}"
+    );
+    let present = resumed["bytes_already_present"].as_u64().unwrap();
+    let downloaded = resumed["bytes_downloaded"].as_u64().unwrap();
+    assert!(
+        present > 0 && present <= size as u64 / 2,
+        "the chunks in the part file were kept: {resumed}"
+    );
+    assert_eq!(present + downloaded, size as u64, "{resumed}");
+
+    // A pull with everything on disk fetches no chunk, only what opening the version takes: the
+    // rest of what the resumed pull fetched were its chunks, each once, exactly the missing bytes.
+    let complete = pull_json();
+    assert_eq!(complete["chunks_downloaded"], 0, "{complete}");
+    let opening: std::collections::HashSet<String> = proxy
+        .take_answered()
+        .into_iter()
+        .map(|g| g.digest)
+        .collect();
+    let chunks: Vec<_> = gets
+        .iter()
+        .filter(|g| g.status == 200 && !opening.contains(&g.digest))
+        .collect();
+    assert_eq!(
+        chunks.len() as u64,
+        resumed["chunks_downloaded"].as_u64().unwrap(),
+        "{gets:?}"
+    );
+    let distinct: std::collections::HashSet<&str> =
+        chunks.iter().map(|g| g.digest.as_str()).collect();
+    assert_eq!(
+        distinct.len(),
+        chunks.len(),
+        "a chunk was fetched twice: {gets:?}"
+    );
+    assert_eq!(
+        chunks.iter().map(|g| g.bytes as u64).sum::<u64>(),
+        downloaded,
+        "{gets:?}"
     );
 }
 

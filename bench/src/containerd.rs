@@ -39,6 +39,10 @@ pub struct ContainerdArgs {
     pub quick: bool,
     #[arg(long)]
     pub keep: bool,
+    /// Also pull both through the CRI plugin of containerd 2.x (kubelet's path), from this
+    /// directory of its binaries (`scripts/fetch-containerd2` puts them in .ci/tools/containerd2/bin).
+    #[arg(long, value_name = "BIN_DIR")]
+    pub cri: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -52,6 +56,12 @@ struct SizeResult {
     /// `ctr image pull --snapshotter overlayfs` of the same files as a tar layer, then one byte.
     overlay_seconds: Option<f64>,
     overlay_bytes_sent: Option<u64>,
+    /// CRI `PullImage` on containerd 2.x through vial's snapshotter, then one byte.
+    cri_vial_seconds: Option<f64>,
+    cri_vial_bytes_sent: Option<u64>,
+    /// CRI `PullImage` on containerd 2.x with overlayfs, then one byte.
+    cri_overlay_seconds: Option<f64>,
+    cri_overlay_bytes_sent: Option<u64>,
     errors: Vec<String>,
 }
 
@@ -292,19 +302,24 @@ impl Drop for Node {
         let _ = self.containerd.wait();
         let _ = self.snapshotter.kill();
         let _ = self.snapshotter.wait();
-        let prefix = self.dir.display().to_string();
-        if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
-            for target in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
-                if target.starts_with(&prefix) {
-                    let _ = Command::new("umount")
-                        .arg("-l")
-                        .arg(target)
-                        .stderr(Stdio::null())
-                        .status();
-                }
+        unmount_under(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Detaches whatever is mounted under `dir` (a node's snapshots and volumes).
+pub(crate) fn unmount_under(dir: &Path) {
+    let prefix = dir.display().to_string();
+    if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
+        for target in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
+            if target.starts_with(&prefix) {
+                let _ = Command::new("umount")
+                    .arg("-l")
+                    .arg(target)
+                    .stderr(Stdio::null())
+                    .status();
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -406,6 +421,46 @@ async fn run_size(
         r.overlay_seconds = Some(started.elapsed().as_secs_f64());
         r.overlay_bytes_sent = sent(server).await.zip(before).map(|(a, b)| a - b);
     }
+    let Some(bin) = &args.cri else {
+        return Ok(());
+    };
+    // The same two through containerd 2.x's CRI plugin, as kubelet pulls an image volume.
+    {
+        let node = crate::cri::CriNode::start(
+            &args.vial,
+            bin,
+            &work.join(format!("cri-vial-{label}")),
+            "vial",
+            &host,
+        )?;
+        drop_page_cache()?;
+        let before = sent(server).await;
+        let started = Instant::now();
+        node.pull(&volume).await?;
+        let mountpoint = node
+            .volume_mountpoint()
+            .context("the CRI pull mounted no volume")?;
+        first_byte(&mountpoint.join(&last))?;
+        r.cri_vial_seconds = Some(started.elapsed().as_secs_f64());
+        r.cri_vial_bytes_sent = sent(server).await.zip(before).map(|(a, b)| a - b);
+    }
+    {
+        let node = crate::cri::CriNode::start(
+            &args.vial,
+            bin,
+            &work.join(format!("cri-overlay-{label}")),
+            "overlayfs",
+            &host,
+        )?;
+        drop_page_cache()?;
+        let before = sent(server).await;
+        let started = Instant::now();
+        node.pull(&image).await?;
+        let file = overlay_file(&node.dir, &last).context("the unpacked file is not there")?;
+        first_byte(&file)?;
+        r.cri_overlay_seconds = Some(started.elapsed().as_secs_f64());
+        r.cri_overlay_bytes_sent = sent(server).await.zip(before).map(|(a, b)| a - b);
+    }
     Ok(())
 }
 
@@ -461,6 +516,34 @@ pub async fn containerd(mut args: ContainerdArgs) -> Result<()> {
         ],
         &rows,
     );
+    if args.cri.is_some() {
+        let rows: Vec<Vec<String>> = results
+            .sizes
+            .iter()
+            .map(|r| {
+                vec![
+                    format!("{} GiB", r.gib),
+                    num(r.cri_vial_seconds.map(|s| s * 1000.0), 1),
+                    num(r.cri_vial_bytes_sent.map(|b| b as f64 / 1e6), 2),
+                    num(r.cri_overlay_seconds.map(|s| s * 1000.0), 1),
+                    num(r.cri_overlay_bytes_sent.map(|b| b as f64 / 1e6), 1),
+                    times(ratio(r.cri_overlay_seconds, r.cri_vial_seconds)),
+                ]
+            })
+            .collect();
+        table(
+            "containerd 2.x CRI PullImage to the first byte of the last file (cold page cache)",
+            &[
+                "volume",
+                "vial ms",
+                "vial MB sent",
+                "overlayfs ms",
+                "overlayfs MB sent",
+                "overlayfs / vial",
+            ],
+            &rows,
+        );
+    }
     let vial: Vec<Option<f64>> = results.sizes.iter().map(|r| r.vial_seconds).collect();
     if let (Some(first), Some(last)) = (
         vial.first().copied().flatten(),

@@ -9,6 +9,7 @@ mod blobs;
 mod ceiling;
 mod checkpoint;
 mod containerd;
+mod cri;
 mod data;
 mod manifests;
 mod mount;

@@ -15,7 +15,7 @@ use crate::mount::{default_cache_dir, parse_size};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "containerd's config (version 2):\n  [proxy_plugins]\n    [proxy_plugins.vial]\n      type = \"snapshot\"\n      address = \"/run/vial/snapshotter.sock\"\n\nThen pull volumes with `vial containerd pull REF` (nothing is downloaded: the volume is mounted\nlazily when containerd unpacks it) and run containers with `ctr run --snapshotter vial`. Ordinary\nimages work through it too (overlayfs). Mounts share the node chunk cache with `vial mount`.\nOn SIGTERM the volumes are unmounted; their snapshots stay and are mounted again at the next start."
+    after_help = "containerd's config (version 2, or version 3 for containerd 2.x):\n  [proxy_plugins]\n    [proxy_plugins.vial]\n      type = \"snapshot\"\n      address = \"/run/vial/snapshotter.sock\"\nFor Kubernetes on containerd 2.x, also [plugins.'io.containerd.cri.v1.images'] snapshotter = \"vial\" and\ndisable_snapshot_annotations = false (docs/containerd.md).\n\nThen pull volumes with `vial containerd pull REF` (nothing is downloaded: the volume is mounted\nlazily when containerd unpacks it) and run containers with `ctr run --snapshotter vial`. Ordinary\nimages work through it too (overlayfs). Mounts share the node chunk cache with `vial mount`.\nOn SIGTERM the volumes are unmounted; their snapshots stay and are mounted again at the next start."
 )]
 pub struct SnapshotterArgs {
     /// The unix socket containerd's proxy plugin dials.

@@ -231,8 +231,10 @@ mod tests {
         .await;
         rec.run("skipped.one", "never runs", async { fail("ran") })
             .await;
-        rec.run("alt.one", "a tolerated alternative", async { warn("404, not 400") })
-            .await;
+        rec.run("alt.one", "a tolerated alternative", async {
+            warn("404, not 400")
+        })
+        .await;
         let results = rec.into_results();
         assert!(results[0].outcome.is_pass());
         assert!(results[1].outcome.is_fail());

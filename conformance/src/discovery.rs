@@ -448,7 +448,9 @@ async fn referrers(ctx: &Ctx<'_>, rec: &mut Recorder) -> String {
             if code == "DIGEST_INVALID" {
                 pass()
             } else {
-                warn(format!("400 with error code {code}; DIGEST_INVALID is expected"))
+                warn(format!(
+                    "400 with error code {code}; DIGEST_INVALID is expected"
+                ))
             }
         },
     )

@@ -14,16 +14,37 @@ use crate::manifest::{Descriptor, ImageIndex, ImageManifest};
 use crate::{media, Algorithm, Digest};
 
 /// The format this code writes.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// The formats this code reads: format 2 differs only in how a file lists its chunks (one index
-/// per chunk instead of runs), so its versions keep their digests and stay readable.
-pub const READABLE_FORMATS: [u32; 2] = [2, 3];
+/// per chunk instead of runs), format 3 only in its image-shaped manifests' layer media type, so
+/// their versions keep their digests and stay readable.
+pub const READABLE_FORMATS: [u32; 3] = [2, 3, 4];
 /// Most chunk references the files of one tree may make in total (a run of `n` chunks counts `n`):
 /// about 32 TiB of 2 MiB chunks. It bounds what a reader expands a hostile tree blob into.
 pub const MAX_CHUNK_REFS: usize = 1 << 24;
 pub const VOLUME_ARTIFACT_TYPE: &str = "application/vnd.vial.volume.v1";
 pub const TREE_ARTIFACT_TYPE: &str = "application/vnd.vial.tree.v1";
 pub const TREE_MEDIA_TYPE: &str = "application/vnd.vial.tree.v1+json";
+/// The media type of the tree blob as the layer of a volume's image-shaped manifests, from format
+/// 4 on: a layer type to containerd (it begins `application/vnd.oci.image.layer.`, so containerd
+/// 1.7 and later count it as a layer when unpacking and CRI passes it to the snapshotter), but no
+/// compression or archive any differ knows, so a snapshotter that does not know volumes refuses it
+/// before reading a byte. Formats 2 and 3 used [`TREE_MEDIA_TYPE`] there.
+pub const IMAGE_LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.vial.tree.v1+json";
+
+/// The media type of the tree layer in the image-shaped manifests of a `format` version.
+pub fn image_layer_media_type(format: u32) -> &'static str {
+    if format >= 4 {
+        IMAGE_LAYER_MEDIA_TYPE
+    } else {
+        TREE_MEDIA_TYPE
+    }
+}
+
+/// Whether an image-shaped manifest's layer of this media type is a volume's tree (any format).
+pub fn is_tree_layer(media_type: &str) -> bool {
+    media_type == IMAGE_LAYER_MEDIA_TYPE || media_type == TREE_MEDIA_TYPE
+}
 pub const CHUNKS_ARTIFACT_TYPE: &str = "application/vnd.vial.chunks.v1";
 pub const CHUNK_MEDIA_TYPE: &str = "application/vnd.vial.chunk.v1";
 /// The artifactType an index gives its image-shaped manifests: the volume as containerd sees it.
@@ -760,7 +781,11 @@ pub fn build_layout_for(tree: &Tree, subject: Option<Descriptor>) -> Layout {
                 media_type: Some(media::OCI_MANIFEST.to_owned()),
                 artifact_type: None,
                 config: descriptor(media::OCI_CONFIG, config, None),
-                layers: vec![descriptor(TREE_MEDIA_TYPE, &tree_blob, None)],
+                layers: vec![descriptor(
+                    image_layer_media_type(tree.format),
+                    &tree_blob,
+                    None,
+                )],
                 subject: None,
                 annotations: None,
             };

@@ -179,6 +179,12 @@ impl Drop for Containerd {
 /// Writes a one-layer OCI image layout tagged `tag` with a static busybox at /bin/busybox, for
 /// containers that need a shell. `None` without busybox.
 pub fn busybox_layout(layout: &Path, tag: &str) -> Option<()> {
+    super::oci::write_image_layout(layout, tag, &busybox_layer()?);
+    Some(())
+}
+
+/// An uncompressed layer holding a static busybox at /bin/busybox. `None` without busybox.
+pub fn busybox_layer() -> Option<Vec<u8>> {
     let busybox = peer("busybox")?;
     let mut tar = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
@@ -193,7 +199,5 @@ pub fn busybox_layout(layout: &Path, tag: &str) -> Option<()> {
     header.set_size(bytes.len() as u64);
     tar.append_data(&mut header, "bin/busybox", &bytes[..])
         .unwrap();
-    let layer = tar.into_inner().unwrap();
-    super::oci::write_image_layout(layout, tag, &layer);
-    Some(())
+    Some(tar.into_inner().unwrap())
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 pub mod conformance;
 pub mod containerd;
+pub mod cri;
 pub mod hub;
 pub mod model;
 pub mod mount;
@@ -255,6 +256,28 @@ fn matrix_args(data: &Path, extra: &[&str]) -> Vec<String> {
         std::fs::write(&memo, args.join("\n")).unwrap();
     }
     args
+}
+
+/// Where the backend matrix keeps the blobs of a server started on `data` when `VIAL_TEST_BACKEND`
+/// uses S3: the shared bucket and the server's key prefix (ending in `/`). `None` on the filesystem.
+pub fn matrix_bucket(data: &Path) -> Option<(s3::Bucket, String)> {
+    if !backend().1 {
+        return None;
+    }
+    let saved = std::fs::read_to_string(data.with_extension("backend"))
+        .expect("a server was started on this data directory under the S3 backend");
+    let mut lines = saved.lines();
+    lines.find(|l| *l == "--blob-url");
+    let url = lines
+        .next()
+        .expect("--blob-url is remembered with its value");
+    let (bucket, prefix) = url
+        .strip_prefix("s3://")
+        .and_then(|rest| rest.split_once('/'))
+        .unwrap_or_else(|| panic!("unexpected blob URL {url:?}"));
+    let endpoint = std::env::var("VIAL_TEST_S3_ENDPOINT")
+        .expect("VIAL_TEST_BACKEND uses s3 but VIAL_TEST_S3_ENDPOINT is not set");
+    Some((s3::Bucket::new(&endpoint, bucket), format!("{prefix}/")))
 }
 
 /// The AWS environment for the shared S3 server of the backend matrix.

@@ -87,12 +87,27 @@ pub fn write_layout(layout: &Path, tag: &str, layer_sizes: &[usize], seed: u64) 
 /// Writes an OCI layout with one runnable image tagged `tag`: one uncompressed tar layer and a
 /// config whose diff ID is the layer's digest. Returns the manifest's digest.
 pub fn write_image_layout(layout: &Path, tag: &str, layer: &[u8]) -> Digest {
+    write_image_layout_running(layout, tag, layer, &[])
+}
+
+/// [`write_image_layout`] whose config runs `entrypoint` when a container starts without a
+/// command of its own (a pod sandbox image).
+pub fn write_image_layout_running(
+    layout: &Path,
+    tag: &str,
+    layer: &[u8],
+    entrypoint: &[&str],
+) -> Digest {
     start_layout(layout);
     let layer_digest = write_blob(layout, layer);
+    let mut run = json!({"Env": ["PATH=/bin"]});
+    if !entrypoint.is_empty() {
+        run["Entrypoint"] = json!(entrypoint);
+    }
     let config = serde_json::to_vec(&json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": ["PATH=/bin"]},
+        "config": run,
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
     }))
     .unwrap();

@@ -22,12 +22,25 @@ pub enum Fault {
     Stall,
 }
 
+/// One blob GET the proxy answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobGet {
+    /// The digest in the request path.
+    pub digest: String,
+    /// The status sent back (an injected 503, or the upstream's).
+    pub status: u16,
+    /// Body bytes sent back.
+    pub bytes: usize,
+}
+
 pub struct Proxy {
     pub addr: String,
     fault: Arc<Mutex<Fault>>,
     stop: Arc<AtomicBool>,
     /// Blob GETs seen, whatever happened to them.
     pub blob_gets: Arc<AtomicUsize>,
+    /// Every blob GET answered, in order.
+    answered: Arc<Mutex<Vec<BlobGet>>>,
 }
 
 impl Proxy {
@@ -37,10 +50,12 @@ impl Proxy {
         let fault = Arc::new(Mutex::new(Fault::None));
         let stop = Arc::new(AtomicBool::new(false));
         let blob_gets = Arc::new(AtomicUsize::new(0));
-        let (f, s, g, up) = (
+        let answered = Arc::new(Mutex::new(Vec::new()));
+        let (f, s, g, a, up) = (
             fault.clone(),
             stop.clone(),
             blob_gets.clone(),
+            answered.clone(),
             upstream.to_owned(),
         );
         std::thread::spawn(move || {
@@ -49,9 +64,9 @@ impl Proxy {
                     break;
                 }
                 let Ok(conn) = conn else { continue };
-                let (f, g, up) = (f.clone(), g.clone(), up.clone());
+                let (f, g, a, up) = (f.clone(), g.clone(), a.clone(), up.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &up, &f, &g);
+                    let _ = serve(conn, &up, &f, &g, &a);
                 });
             }
         });
@@ -60,11 +75,22 @@ impl Proxy {
             fault,
             stop,
             blob_gets,
+            answered,
         }
     }
 
     pub fn set(&self, fault: Fault) {
         *self.fault.lock().unwrap() = fault;
+    }
+
+    /// The fault in force now (`Unavailable(0)` once every injected 503 was sent).
+    pub fn fault(&self) -> Fault {
+        *self.fault.lock().unwrap()
+    }
+
+    /// The blob GETs answered so far, and forgets them.
+    pub fn take_answered(&self) -> Vec<BlobGet> {
+        std::mem::take(&mut *self.answered.lock().unwrap())
     }
 }
 
@@ -80,6 +106,7 @@ fn serve(
     upstream: &str,
     fault: &Mutex<Fault>,
     blob_gets: &AtomicUsize,
+    answered: &Mutex<Vec<BlobGet>>,
 ) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut request_line = String::new();
@@ -115,13 +142,36 @@ fn serve(
     reader.read_exact(&mut body)?;
 
     let is_blob_get = method == "GET" && path.contains("/blobs/") && !path.contains("/uploads");
-    let current = *fault.lock().unwrap();
+    let digest = path
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    let record = |status: u16, bytes: usize| {
+        answered.lock().unwrap().push(BlobGet {
+            digest: digest.clone(),
+            status,
+            bytes,
+        });
+    };
+    // Read and spent in one step, so two GETs at once cannot both take the last injected 503.
+    let current = {
+        let mut f = fault.lock().unwrap();
+        let current = *f;
+        if let (true, Fault::Unavailable(n)) = (is_blob_get, current) {
+            *f = Fault::Unavailable(n.saturating_sub(1));
+        }
+        current
+    };
     if is_blob_get {
         blob_gets.fetch_add(1, Ordering::Relaxed);
         match current {
             Fault::Unavailable(n) if n > 0 => {
-                *fault.lock().unwrap() = Fault::Unavailable(n - 1);
                 let msg = br#"{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}"#;
+                record(503, 0);
                 write!(conn, "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", msg.len())?;
                 return conn.write_all(msg);
             }
@@ -164,6 +214,10 @@ fn serve(
             Fault::Truncate => payload.truncate(payload.len() / 2),
             _ => {}
         }
+    }
+    // Recorded before the answer goes out, so a client that has its answer finds it recorded.
+    if is_blob_get {
+        record(status.as_u16(), payload.len());
     }
     write!(
         conn,

@@ -184,3 +184,190 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// A bucket on an S3 server that checks signatures (s3s-fs), read with SigV4-signed requests made
+/// here: enough to list what a registry left in its prefix and read it back, with no S3 SDK.
+pub struct Bucket {
+    pub endpoint: String,
+    pub name: String,
+    http: reqwest::blocking::Client,
+}
+
+impl Bucket {
+    pub fn new(endpoint: &str, name: &str) -> Bucket {
+        Bucket {
+            endpoint: endpoint.trim_end_matches('/').to_owned(),
+            name: name.to_owned(),
+            http: reqwest::blocking::Client::new(),
+        }
+    }
+
+    /// Every key under `prefix` (ListObjectsV2, following continuation tokens).
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut query = vec![("list-type", "2".to_owned()), ("prefix", prefix.to_owned())];
+            if let Some(t) = &token {
+                query.push(("continuation-token", t.clone()));
+            }
+            let xml = self.get(&format!("/{}", self.name), &mut query);
+            let xml = String::from_utf8(xml).unwrap();
+            keys.extend(xml_values(&xml, "Key"));
+            token = xml_values(&xml, "NextContinuationToken").into_iter().next();
+            if xml_values(&xml, "IsTruncated").first().map(String::as_str) != Some("true") {
+                return keys;
+            }
+            assert!(
+                token.is_some(),
+                "a truncated listing without a token: {xml}"
+            );
+        }
+    }
+
+    /// The bytes of `key`.
+    pub fn object(&self, key: &str) -> Vec<u8> {
+        self.get(&format!("/{}/{key}", self.name), &mut Vec::new())
+    }
+
+    fn get(&self, path: &str, query: &mut [(&str, String)]) -> Vec<u8> {
+        let (amz_date, date) = amz_now();
+        let host = self
+            .endpoint
+            .split_once("://")
+            .map_or(self.endpoint.as_str(), |(_, h)| h)
+            .to_owned();
+        query.sort();
+        let query = query
+            .iter()
+            .map(|(k, v)| format!("{}={}", uri_encode(k, true), uri_encode(v, true)))
+            .collect::<Vec<_>>()
+            .join("&");
+        let path = uri_encode(path, false);
+        let payload = sha256_hex(b"");
+        let canonical = format!(
+            "GET\n{path}\n{query}\nhost:{host}\nx-amz-content-sha256:{payload}\nx-amz-date:{amz_date}\n\nhost;x-amz-content-sha256;x-amz-date\n{payload}"
+        );
+        let scope = format!("{date}/us-east-1/s3/aws4_request");
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
+            sha256_hex(canonical.as_bytes())
+        );
+        let mut key = hmac_sha256(format!("AWS4{SECRET_KEY}").as_bytes(), date.as_bytes());
+        for part in ["us-east-1", "s3", "aws4_request"] {
+            key = hmac_sha256(&key, part.as_bytes());
+        }
+        let signature = hex(&hmac_sha256(&key, to_sign.as_bytes()));
+        let url = if query.is_empty() {
+            format!("{}{path}", self.endpoint)
+        } else {
+            format!("{}{path}?{query}", self.endpoint)
+        };
+        let r = self
+            .http
+            .get(&url)
+            .header("x-amz-date", &amz_date)
+            .header("x-amz-content-sha256", &payload)
+            .header(
+                "authorization",
+                format!("AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={signature}"),
+            )
+            .send()
+            .unwrap();
+        let status = r.status();
+        let body = r.bytes().unwrap().to_vec();
+        assert!(
+            status.is_success(),
+            "GET {url}: {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        body
+    }
+}
+
+/// The text of every `<tag>` element, unescaped.
+fn xml_values(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    xml.split(open.as_str())
+        .skip(1)
+        .filter_map(|s| s.split(close.as_str()).next())
+        .map(|v| {
+            v.replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&quot;", "\"")
+                .replace("&apos;", "'")
+                .replace("&amp;", "&")
+        })
+        .collect()
+}
+
+/// SigV4's URI encoding: everything but unreserved characters, and `/` too in query values.
+fn uri_encode(s: &str, slash: bool) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            b'/' if !slash => "/".to_owned(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn sha256(bytes: &[u8]) -> Vec<u8> {
+    let digest = vial_core::Algorithm::Sha256.digest_bytes(bytes);
+    (0..32)
+        .map(|i| u8::from_str_radix(&digest.hex()[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&sha256(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// HMAC-SHA256 (RFC 2104) over the SHA-256 the format crate already has.
+fn hmac_sha256(key: &[u8], message: &[u8]) -> Vec<u8> {
+    let mut block = if key.len() > 64 {
+        sha256(key)
+    } else {
+        key.to_vec()
+    };
+    block.resize(64, 0);
+    let inner: Vec<u8> = block
+        .iter()
+        .map(|b| b ^ 0x36)
+        .chain(message.iter().copied())
+        .collect();
+    let outer: Vec<u8> = block
+        .iter()
+        .map(|b| b ^ 0x5c)
+        .chain(sha256(&inner))
+        .collect();
+    sha256(&outer)
+}
+
+/// The request time as SigV4 writes it (`20240102T030405Z`) and its date (`20240102`).
+fn amz_now() -> (String, String) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let date = format!("{year:04}{month:02}{day:02}");
+    let time = format!("{:02}{:02}{:02}", rest / 3600, rest % 3600 / 60, rest % 60);
+    (format!("{date}T{time}Z"), date)
+}

@@ -180,7 +180,7 @@ fn files_list_their_chunks_as_runs_and_read_back_exactly() {
     b.add_file("c", 0o644, vec![a[4].clone()]).unwrap();
     let tree = b.finish().unwrap();
     let json = String::from_utf8(tree.to_json()).unwrap();
-    assert!(json.starts_with(r#"{"format":3,"#), "{json}");
+    assert!(json.starts_with(r#"{"format":4,"#), "{json}");
     assert!(
         json.contains(r#""path":"a","type":"file","mode":420,"size":20,"chunks":[[0,5]]"#),
         "{json}"
@@ -360,7 +360,11 @@ fn a_volume_also_presents_itself_as_a_one_layer_image_per_platform() {
         assert_eq!(m.artifact_type, None, "an ordinary image manifest");
         assert_eq!(m.layers.len(), 1);
         assert_eq!(m.layers[0].digest, layout.tree.digest);
-        assert_eq!(m.layers[0].media_type, TREE_MEDIA_TYPE);
+        assert_eq!(m.layers[0].media_type, IMAGE_LAYER_MEDIA_TYPE);
+        // containerd 1.7+ counts only these as layers when it unpacks (images.IsLayerType).
+        assert!(m.layers[0]
+            .media_type
+            .starts_with("application/vnd.oci.image.layer."));
         let config = layout
             .image_configs
             .iter()
@@ -377,6 +381,28 @@ fn a_volume_also_presents_itself_as_a_one_layer_image_per_platform() {
     let parsed = VolumeIndex::parse(&layout.index.bytes).unwrap();
     assert_eq!(parsed.parts.len(), layout.parts.len());
     assert_eq!(parsed.tree_manifest.digest, layout.tree_manifest.digest);
+}
+
+#[test]
+fn a_format_3_version_keeps_its_image_manifests_and_so_its_digest() {
+    let mut tree = sample(&[0, 1, 2]);
+    tree.format = 3;
+    let layout = build_layout(&tree);
+    for image in &layout.images {
+        let m: ImageManifest = serde_json::from_slice(&image.bytes).unwrap();
+        assert_eq!(
+            m.layers[0].media_type, TREE_MEDIA_TYPE,
+            "format 3 wrote this"
+        );
+        assert!(is_tree_layer(&m.layers[0].media_type));
+    }
+    // The same files as format 4 make another version (the image manifests differ), which is why
+    // the format changed.
+    let mut four = tree.clone();
+    four.format = 4;
+    assert_ne!(build_layout(&four).index.digest, layout.index.digest);
+    assert!(is_tree_layer(IMAGE_LAYER_MEDIA_TYPE));
+    assert!(!is_tree_layer(CHUNK_MEDIA_TYPE));
 }
 
 #[test]

@@ -29,7 +29,7 @@ use futures_util::StreamExt;
 use sha2::{Digest as _, Sha256};
 use vial_client::{ClientError, Registry};
 use vial_core::manifest::{Descriptor, ImageIndex, ImageManifest};
-use vial_core::volume::{VolumeIndex, TREE_MEDIA_TYPE};
+use vial_core::volume::{is_tree_layer, VolumeIndex};
 use vial_core::{media, Digest, Reference, Target};
 
 use super::labels;
@@ -313,7 +313,7 @@ pub async fn pull(
         let mut unpacked = 0;
         let mut layer_labels = HashMap::new();
         for (i, layer) in image.layers.iter().enumerate() {
-            if !(volume && layer.media_type == TREE_MEDIA_TYPE) {
+            if !(volume && is_tree_layer(&layer.media_type)) {
                 layer_labels.insert(format!("containerd.io/gc.ref.content.l.{i}"), layer.digest.to_string());
             }
         }
@@ -344,7 +344,7 @@ pub async fn pull(
                 parent = chain.clone();
                 continue;
             }
-            let remote = volume && layer.media_type == TREE_MEDIA_TYPE;
+            let remote = volume && is_tree_layer(&layer.media_type);
             let mut snap_labels = HashMap::from([(labels::SNAPSHOT_REF.to_owned(), chain.clone())]);
             if remote {
                 snap_labels.insert(labels::VIAL_REFERENCE.into(), pinned.to_string());
