@@ -106,7 +106,7 @@ fn oras_sdk_pushes_and_pulls_a_directory_as_one_archive() {
             "{name} differs after an ORAS directory round trip"
         );
     }
-    // The directory went up as one gzipped tar layer, named for it and marked for unpacking.
+    // The directory went up as one gzipped tar layer, named for it.
     let manifest = manifest(&server, "oras/dir", "v1");
     let layers = manifest["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 1, "{manifest}");
@@ -114,13 +114,8 @@ fn oras_sdk_pushes_and_pulls_a_directory_as_one_archive() {
         layers[0]["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip",
         "{manifest}"
     );
-    let annotations = &layers[0]["annotations"];
     assert_eq!(
-        annotations["org.opencontainers.image.title"], "model",
-        "{manifest}"
-    );
-    assert_eq!(
-        annotations["io.deis.oras.content.unpack"], "true",
+        layers[0]["annotations"]["org.opencontainers.image.title"], "model",
         "{manifest}"
     );
 }
