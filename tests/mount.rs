@@ -388,9 +388,9 @@ fn corrupt_chunks_are_eio_and_a_dead_registry_fails_reads_in_bounded_time() {
     for refused in gets.iter().filter(|g| g.status == 503) {
         assert!(
             gets.iter()
-                .any(|g| g.digest == refused.digest && g.status == 200 && g.bytes > 0),
-            "{} was never fetched after its 503: {gets:?}",
-            refused.digest
+                .any(|g| g.digests == refused.digests && g.status == 200 && g.bytes > 0),
+            "{:?} was never fetched after its 503: {gets:?}",
+            refused.digests
         );
     }
 
@@ -494,7 +494,19 @@ fn umount_with_open_files_and_a_killed_mount_process() {
     let mut buf = vec![0u8; 5 << 20];
     open.read_exact_at(&mut buf, 0).unwrap();
     assert_eq!(buf, std::fs::read(src.join("w.bin")).unwrap());
+    let first = m.path.clone();
+    let first_pid = find_mount_pid(&first).expect("the first mount's process");
     drop(open);
+    // The detached mount's process ends with its last open file, after writing its cache: the
+    // remount below relies on that cache, so wait for the process, not for a time.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::path::Path::new(&format!("/proc/{first_pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the lazily detached mount's process did not end after its last file closed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // Killing the mount process unmounts (auto-unmount): no "transport endpoint is not connected".
     let m = Mount::new(home.path(), &reference, "mnt2", &[]);

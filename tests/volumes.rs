@@ -388,19 +388,22 @@ fn an_interrupted_push_publishes_nothing_and_the_next_push_sends_only_the_rest()
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Kill the client once the registry has received some, but not all, of the data.
+    // Kill the client once the registry has committed some of the data (a pack), not all of it:
+    // what was committed stays, what was in flight is sent again.
     let metrics = format!("{}/metrics", server.url());
     let client = reqwest::blocking::Client::new();
+    let counter = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let received = loop {
         let text = client.get(&metrics).send().unwrap().text().unwrap();
-        let n: u64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("vial_bytes_received_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        if n > 16 << 20 || std::time::Instant::now() > deadline {
-            break n;
+        let committed = counter(&text, "vial_packs_stored_total ");
+        if committed > 0 || std::time::Instant::now() > deadline {
+            break counter(&text, "vial_bytes_received_total ");
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
@@ -605,22 +608,26 @@ fn corrupt_or_failing_downloads_are_detected_and_nothing_wrong_is_kept() {
     let opening: std::collections::HashSet<String> = proxy
         .take_answered()
         .into_iter()
-        .map(|g| g.digest)
+        .flat_map(|g| g.digests)
         .collect();
+    // Chunk downloads: bulk reads of several, or single blob GETs; never the opening's blobs.
     let chunks: Vec<_> = gets
         .iter()
-        .filter(|g| g.status == 200 && !opening.contains(&g.digest))
+        .filter(|g| g.status == 200 && !g.digests.iter().any(|d| opening.contains(d)))
+        .collect();
+    let fetched: Vec<&str> = chunks
+        .iter()
+        .flat_map(|g| g.digests.iter().map(String::as_str))
         .collect();
     assert_eq!(
-        chunks.len() as u64,
+        fetched.len() as u64,
         resumed["chunks_downloaded"].as_u64().unwrap(),
         "{gets:?}"
     );
-    let distinct: std::collections::HashSet<&str> =
-        chunks.iter().map(|g| g.digest.as_str()).collect();
+    let distinct: std::collections::HashSet<&str> = fetched.iter().copied().collect();
     assert_eq!(
         distinct.len(),
-        chunks.len(),
+        fetched.len(),
         "a chunk was fetched twice: {gets:?}"
     );
     assert_eq!(

@@ -43,16 +43,19 @@ pub struct PushArgs {
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial pull localhost:5000/weights/my-model@sha256:… ./model\n  vial pull localhost:5000/weights/my-model:prod ./model --json\n\nAn interrupted pull resumes: run it again and only what is missing or wrong is downloaded."
+    after_help = "Examples:\n  vial pull localhost:5000/weights/my-model@sha256:… ./model\n  vial pull localhost:5000/weights/my-model:prod ./model --json\n  vial pull localhost:5000/weights/my-model:prod ./model --fsync\n\nAn interrupted pull resumes: run it again and only what is missing or wrong is downloaded.\nWithout --fsync the files are in the page cache when pull returns, as after curl -o: a power\nloss right after could lose them, and running the pull again checks every chunk on disk."
 )]
 pub struct PullArgs {
     /// Version to download: host[:port]/name:tag or host[:port]/name@sha256:…
     reference: String,
     /// Directory to write it to (created if missing).
     dir: PathBuf,
-    /// Chunk downloads in flight at once.
-    #[arg(long, default_value_t = 16)]
+    /// Downloads in flight at once (each a run of up to 16 MiB of chunks).
+    #[arg(long, default_value_t = 8)]
     downloads: usize,
+    /// Make every file durable on disk (fsync) before pull returns.
+    #[arg(long)]
+    fsync: bool,
     /// Print a JSON summary instead of text.
     #[arg(long)]
     json: bool,
@@ -193,7 +196,8 @@ pub fn run_pull(args: PullArgs) -> anyhow::Result<()> {
         std::io::stderr().is_terminal() && !args.json,
     );
     let options = PullOptions {
-        downloads: args.downloads,
+        runs: args.downloads,
+        fsync: args.fsync,
     };
     block_on(async {
         let report = pull::pull(

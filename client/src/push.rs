@@ -101,6 +101,7 @@ struct SegmentJob {
 }
 
 /// A chunk to check and perhaps upload, with where its bytes are.
+#[derive(Clone)]
 struct ChunkLoc {
     digest: Digest,
     abs: Arc<PathBuf>,
@@ -233,8 +234,17 @@ pub async fn push(
         if !pending.is_empty() {
             let batch = std::mem::take(&mut pending);
             let missing = missing_chunks(registry, repo, batch, &stats).await?;
-            for loc in missing {
-                let mib = (loc.len.div_ceil(1 << 20) as u32).max(1);
+            // New chunks travel in packs of consecutive chunks (one request, one store write and
+            // one metadata commit for many chunks), or one by one where the registry takes no
+            // packs.
+            let groups = if registry.packs_unsupported() {
+                missing.into_iter().map(|loc| vec![loc]).collect()
+            } else {
+                into_packs(missing)
+            };
+            for group in groups {
+                let len: u64 = group.iter().map(|c| c.len).sum();
+                let mib = (len.div_ceil(1 << 20) as u32).max(1);
                 let bytes_permit = Arc::clone(&mib_limit)
                     .acquire_many_owned(mib)
                     .await
@@ -249,14 +259,10 @@ pub async fn push(
                     Arc::clone(&stats),
                     Arc::clone(&progress),
                 );
-                progress.event(Event::Needed(loc.len));
+                progress.event(Event::Needed(len));
                 uploads.spawn(async move {
                     let _held = (bytes_permit, count_permit);
-                    upload_chunk(&registry, &repo, &loc).await?;
-                    stats.uploaded.fetch_add(1, Ordering::Relaxed);
-                    stats.bytes_uploaded.fetch_add(loc.len, Ordering::Relaxed);
-                    progress.event(Event::Transferred(loc.len));
-                    Ok(())
+                    upload_group(&registry, &repo, &group, &stats, &*progress).await
                 });
                 // Surface upload failures early instead of after the whole scan.
                 while let Some(done) = uploads.try_join_next() {
@@ -445,6 +451,98 @@ async fn missing_chunks(
         }
     }
     Ok(missing)
+}
+
+/// Largest pack `vial push` sends: 16 packs per GiB of new data (one PUT each on S3).
+const PACK_TARGET: u64 = 64 << 20;
+/// Most chunks in one pack (the registry takes up to 8192).
+const PACK_CHUNKS: usize = 4096;
+
+/// Consecutive new chunks, grouped into packs of up to [`PACK_TARGET`] bytes.
+fn into_packs(chunks: Vec<ChunkLoc>) -> Vec<Vec<ChunkLoc>> {
+    let mut packs: Vec<Vec<ChunkLoc>> = Vec::new();
+    let mut size = 0;
+    for c in chunks {
+        match packs.last_mut() {
+            Some(pack) if size + c.len <= PACK_TARGET && pack.len() < PACK_CHUNKS => {
+                size += c.len;
+                pack.push(c);
+            }
+            _ => {
+                size = c.len;
+                packs.push(vec![c]);
+            }
+        }
+    }
+    packs
+}
+
+/// Uploads a group of new chunks: as one pack where the registry takes packs, else one by one.
+async fn upload_group(
+    registry: &Registry,
+    repo: &RepoName,
+    group: &[ChunkLoc],
+    stats: &Stats,
+    progress: &dyn Progress,
+) -> Result<(), ClientError> {
+    let sent = if group.len() > 1 {
+        let parts = read_chunks(group.to_vec()).await?;
+        let list: Vec<(Digest, u64)> = group.iter().map(|c| (c.digest.clone(), c.len)).collect();
+        match registry.push_pack(repo, &list, parts).await {
+            Ok(sent) => sent,
+            Err(ClientError::Registry { code, .. }) if code == "DIGEST_INVALID" => {
+                return Err(ClientError::Invalid(format!(
+                    "{} changed while it was being pushed (its bytes no longer match what was hashed)",
+                    group
+                        .iter()
+                        .map(|c| c.abs.display().to_string())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        false
+    };
+    if !sent {
+        for loc in group {
+            upload_chunk(registry, repo, loc).await?;
+        }
+    }
+    let len: u64 = group.iter().map(|c| c.len).sum();
+    stats
+        .uploaded
+        .fetch_add(group.len() as u64, Ordering::Relaxed);
+    stats.bytes_uploaded.fetch_add(len, Ordering::Relaxed);
+    progress.event(Event::Transferred(len));
+    Ok(())
+}
+
+/// The bytes of `chunks`, read on a blocking thread, each file opened once.
+async fn read_chunks(chunks: Vec<ChunkLoc>) -> Result<Vec<Bytes>, ClientError> {
+    tokio::task::spawn_blocking(move || -> Result<Vec<Bytes>, ClientError> {
+        let mut open: Option<(Arc<PathBuf>, File)> = None;
+        let mut parts = Vec::with_capacity(chunks.len());
+        for c in &chunks {
+            let file = match &open {
+                Some((path, file)) if Arc::ptr_eq(path, &c.abs) => file,
+                _ => {
+                    let file = File::open(&*c.abs).map_err(|e| ClientError::io(&*c.abs, e))?;
+                    &open.insert((Arc::clone(&c.abs), file)).1
+                }
+            };
+            let mut buf = vec![0u8; c.len as usize];
+            file.read_exact_at(&mut buf, c.offset)
+                .map_err(|e| ClientError::io(&*c.abs, e))?;
+            parts.push(Bytes::from(buf));
+        }
+        Ok(parts)
+    })
+    .await
+    .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))?
 }
 
 async fn upload_chunk(

@@ -13,7 +13,7 @@ use serde::Serialize;
 use vial_core::Digest;
 
 use crate::error::error_chain;
-use crate::storage::{now_millis, BytesDeletion, StorageError};
+use crate::storage::{now_millis, BytesDeletion, PackId, StorageError};
 use crate::AppState;
 
 /// Candidates looked at per batch.
@@ -26,6 +26,9 @@ pub struct GcReport {
     /// Deleted versions past their retention window, removed for good first.
     pub manifests_purged: u64,
     pub blobs: u64,
+    /// Packs removed once no chunk lived in them (their bytes are counted in `bytes`; the
+    /// chunks that lived in them are counted in `blobs` but not in `bytes`).
+    pub packs: u64,
     pub bytes: u64,
     pub seconds: f64,
 }
@@ -86,6 +89,34 @@ pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, Storag
                     Ok(None) => {}
                     Err(e) => {
                         tracing::warn!(%digest, error = %error_chain(&e), "could not collect a blob; the next pass tries again")
+                    }
+                }
+            }
+            if found.len() < BATCH as usize || collected == 0 {
+                break;
+            }
+        }
+        // Packs whose chunks have all been collected go last (a pack is kept while any chunk
+        // in it lives: docs/gc.md).
+        let blobs = Arc::clone(&state.blobs);
+        let delete_pack = move |pack: PackId| -> BytesDeletion {
+            let blobs = Arc::clone(&blobs);
+            Box::pin(async move { blobs.delete_pack(&pack).await.map(drop) })
+        };
+        loop {
+            let found = state.meta.unreferenced_packs(cutoff, BATCH).await?;
+            let mut collected = 0;
+            for (pack, _) in &found {
+                match state.meta.collect_pack(pack, cutoff, &delete_pack).await {
+                    Ok(Some(size)) => {
+                        collected += 1;
+                        report.packs += 1;
+                        report.bytes += size;
+                        tracing::debug!(%pack, size, "pack collected");
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(%pack, error = %error_chain(&e), "could not collect a pack; the next pass tries again")
                     }
                 }
             }

@@ -267,6 +267,32 @@ pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
     purged
 }
 
+/// Removes the bytes of packs begun before `cutoff` (the upload TTL) and never committed: a
+/// request that died between storing its pack and committing it. A pack on its way to being
+/// committed is younger than that.
+async fn sweep_uncommitted_packs(state: &AppState, cutoff: i64) {
+    let stale = match state.meta.stale_packs(cutoff, 1000).await {
+        Ok(stale) => stale,
+        Err(e) => {
+            tracing::warn!(error = %error::error_chain(&e), "janitor could not list uncommitted packs");
+            return;
+        }
+    };
+    for pack in stale {
+        let removed = async {
+            state.blobs.delete_pack(&pack).await?;
+            state.meta.drop_pack(&pack).await
+        }
+        .await;
+        match removed {
+            Ok(()) => tracing::info!(%pack, "janitor removed a pack that was never committed"),
+            Err(e) => {
+                tracing::warn!(%pack, error = %error::error_chain(&e), "could not remove an uncommitted pack")
+            }
+        }
+    }
+}
+
 /// Discards upload sessions that nobody has touched for the configured time, with their data.
 async fn janitor(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(state.config.janitor_interval);
@@ -320,5 +346,7 @@ async fn janitor(state: Arc<AppState>) {
                 tracing::warn!(error = %error::error_chain(&e), "janitor could not sweep the blob store")
             }
         }
+        let pack_cutoff = storage::now_millis() - state.config.upload_ttl.as_millis() as i64;
+        sweep_uncommitted_packs(&state, pack_cutoff).await;
     }
 }

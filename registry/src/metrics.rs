@@ -14,6 +14,8 @@ pub struct Metrics {
     seal_layers_read: AtomicU64,
     seal_layers_reused: AtomicU64,
     seal_bytes_read: AtomicU64,
+    packs_stored: AtomicU64,
+    pack_chunks_stored: AtomicU64,
 }
 
 impl Metrics {
@@ -40,6 +42,12 @@ impl Metrics {
             self.seal_layers_read.fetch_add(1, Ordering::Relaxed);
             self.seal_bytes_read.fetch_add(bytes, Ordering::Relaxed);
         }
+    }
+
+    /// A pack committed, holding `chunks` chunks.
+    pub fn record_pack(&self, chunks: u64) {
+        self.packs_stored.fetch_add(1, Ordering::Relaxed);
+        self.pack_chunks_stored.fetch_add(chunks, Ordering::Relaxed);
     }
 
     pub fn add_bytes_out(&self, n: u64) {
@@ -96,6 +104,18 @@ impl Metrics {
             "vial_seal_bytes_read_total",
             "Layer bytes read by seals.",
             &self.seal_bytes_read,
+        );
+        write_counter(
+            &mut out,
+            "vial_packs_stored_total",
+            "Packs (many chunks uploaded in one request) stored and committed.",
+            &self.packs_stored,
+        );
+        write_counter(
+            &mut out,
+            "vial_pack_chunks_stored_total",
+            "Chunks that arrived in packs.",
+            &self.pack_chunks_stored,
         );
         if let Some(n) = uploads_open {
             out.push_str(

@@ -33,6 +33,10 @@ pub enum Endpoint {
     Referrers(RepoName, Digest),
     /// `/v2/<name>/_vial/blobs/present`: vial's bulk existence check (extension).
     BlobsPresent(RepoName),
+    /// `/v2/<name>/_vial/packs`: many chunks uploaded as one pack (extension).
+    Packs(RepoName),
+    /// `/v2/<name>/_vial/chunks`: many chunks read in one request (extension).
+    Chunks(RepoName),
     /// `/v2/<name>/_vial/versions`: sealed volume versions (extension).
     Versions(RepoName),
     /// `/v2/<name>/_vial/seal/<digest>`: sealing an artifact into a volume (extension).
@@ -63,6 +67,8 @@ impl Endpoint {
             Endpoint::TagsList(..) => "tags",
             Endpoint::Referrers(..) => "referrers",
             Endpoint::BlobsPresent(..) => "vial_blobs_present",
+            Endpoint::Packs(..) => "vial_packs",
+            Endpoint::Chunks(..) => "vial_chunks",
             Endpoint::Versions(..) => "vial_versions",
             Endpoint::Seal(..) => "vial_seal",
             Endpoint::Restore(..) => "vial_restore",
@@ -95,6 +101,8 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
             repo(name).map(Endpoint::BlobsPresent)
         }
         [name @ .., "_vial", "versions"] if !name.is_empty() => repo(name).map(Endpoint::Versions),
+        [name @ .., "_vial", "packs"] if !name.is_empty() => repo(name).map(Endpoint::Packs),
+        [name @ .., "_vial", "chunks"] if !name.is_empty() => repo(name).map(Endpoint::Chunks),
         [name @ .., "_vial", "seal", digest] if !name.is_empty() => {
             repo(name).and_then(|r| Ok(Endpoint::Seal(r, parse_digest(digest)?)))
         }

@@ -26,7 +26,8 @@ use vial_core::{media, Digest, RepoName, Tag, Target};
 use vial_oras_compat::{recognize, safe_path, Packing};
 
 use crate::storage::{
-    CommitManifestError, ManifestRecord, Presence, RangeChunk, StorageError, TagPrecondition,
+    CommitManifestError, ManifestRecord, Presence, RangeChunk, Source, StorageError,
+    TagPrecondition,
 };
 use crate::AppState;
 
@@ -282,7 +283,9 @@ pub(crate) async fn chunk_and_store(
         let mut r = LayerReader {
             cutter: Cutter::new(DEFAULT_PARAMS),
             window: None,
-            base: Digest::parse(media::OCI_EMPTY_DIGEST).map_err(std::io::Error::other)?,
+            base: Source::Blob(
+                Digest::parse(media::OCI_EMPTY_DIGEST).map_err(std::io::Error::other)?,
+            ),
             base_offset: 0,
             store: Some(tx),
             out: LayerFiles::default(),
@@ -321,7 +324,7 @@ async fn read_layer(
     let (base, base_offset) = location
         .source
         .clone()
-        .unwrap_or_else(|| (digest.clone(), 0));
+        .unwrap_or_else(|| (Source::Blob(digest.clone()), 0));
     let size = location.size;
     // How the blob is read decides what it yields: its packing, the chunker, and for a file layer
     // whether its name makes it a safetensors file.
@@ -453,7 +456,7 @@ struct LayerReader {
     cutter: Cutter,
     window: Option<Window>,
     /// The blob holding the layer's bytes, and where they start in it.
-    base: Digest,
+    base: Source,
     base_offset: u64,
     /// Where chunks go to be stored; `None` when they are recorded as ranges of `base`.
     store: Option<mpsc::Sender<(ChunkRef, Bytes)>>,

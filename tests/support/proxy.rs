@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What the proxy does to blob GETs.
+/// What the proxy does to blob downloads: blob GETs, and vial's bulk chunk reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Pass everything through.
@@ -22,11 +22,11 @@ pub enum Fault {
     Stall,
 }
 
-/// One blob GET the proxy answered.
+/// One blob download the proxy answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlobGet {
-    /// The digest in the request path.
-    pub digest: String,
+    /// The digest in the request path, or the digests a bulk read asked for.
+    pub digests: Vec<String>,
     /// The status sent back (an injected 503, or the upstream's).
     pub status: u16,
     /// Body bytes sent back.
@@ -141,18 +141,30 @@ fn serve(
     let mut body = vec![0u8; content_length];
     reader.read_exact(&mut body)?;
 
-    let is_blob_get = method == "GET" && path.contains("/blobs/") && !path.contains("/uploads");
-    let digest = path
-        .rsplit('/')
-        .next()
-        .unwrap_or("")
-        .split('?')
-        .next()
-        .unwrap_or("")
-        .to_owned();
+    let bulk_read = method == "POST" && path.ends_with("/_vial/chunks");
+    let is_blob_get =
+        bulk_read || (method == "GET" && path.contains("/blobs/") && !path.contains("/uploads"));
+    let digests: Vec<String> = if bulk_read {
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["digests"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| d.as_str().map(str::to_owned))
+            .collect()
+    } else {
+        vec![path
+            .rsplit('/')
+            .next()
+            .unwrap_or("")
+            .split('?')
+            .next()
+            .unwrap_or("")
+            .to_owned()]
+    };
     let record = |status: u16, bytes: usize| {
         answered.lock().unwrap().push(BlobGet {
-            digest: digest.clone(),
+            digests: digests.clone(),
             status,
             bytes,
         });

@@ -4,6 +4,7 @@
 mod blobs;
 mod listing;
 mod manifests;
+mod packs;
 mod sessions;
 mod sync;
 mod uploads;
@@ -164,6 +165,7 @@ fn upload_slot(
 ) -> Result<Option<crate::front::UploadSlot>, ApiError> {
     let uploads = match endpoint {
         Endpoint::UploadStart(_) => sent_body,
+        Endpoint::Packs(_) => true,
         Endpoint::Upload(..) => *method == Method::PATCH || *method == Method::PUT,
         _ => false,
     };
@@ -192,7 +194,9 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         {
             repo(r, Action::Push)
         }
-        Endpoint::UploadStart(r) | Endpoint::Upload(r, _) => repo(r, Action::Push),
+        Endpoint::UploadStart(r) | Endpoint::Upload(r, _) | Endpoint::Packs(r) => {
+            repo(r, Action::Push)
+        }
         Endpoint::Seal(r, _) if *method == Method::POST => repo(r, Action::Push),
         Endpoint::Syncs(r) if *method == Method::POST => repo(r, Action::Push),
         Endpoint::Sync(r, _) if *method == Method::DELETE => repo(r, Action::Push),
@@ -203,6 +207,7 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         | Endpoint::TagsList(r)
         | Endpoint::Referrers(r, _)
         | Endpoint::BlobsPresent(r)
+        | Endpoint::Chunks(r)
         | Endpoint::Versions(r)
         | Endpoint::Seal(r, _)
         | Endpoint::Leases(r, _)
@@ -436,6 +441,8 @@ async fn handle(
         (Endpoint::BlobsPresent(repo), Method::POST) => {
             vial::blobs_present(state, &repo, body, req.presence).await
         }
+        (Endpoint::Packs(repo), Method::POST) => packs::upload(state, &repo, &req, body).await,
+        (Endpoint::Chunks(repo), Method::POST) => packs::read(state, &repo, body).await,
         (Endpoint::Versions(repo), Method::GET) => {
             let deleted = matches!(req.query.get("deleted"), Some("true" | "1"));
             vial::versions(state, &repo, deleted).await

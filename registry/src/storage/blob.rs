@@ -16,6 +16,35 @@ pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> +
 /// Says, once a streamed body has ended, whether it had the claimed digest.
 pub type VerifyFuture = Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 
+/// The name of a pack in the blob store: 32 hex digits the registry made up. Packs are named by
+/// id, not digest: their chunks carry the digests, and nothing outside the registry names a pack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PackId(String);
+
+impl PackId {
+    pub fn new() -> PackId {
+        PackId(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// An id read back from storage; `None` if it is not one.
+    pub fn parse(s: &str) -> Option<PackId> {
+        (s.len() == 32
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+        .then(|| PackId(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for PackId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A half-open byte range `[start, end)` inside a blob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteRange {
@@ -127,6 +156,28 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
         }
         result
     }
+
+    /// Stores `body`, `len` bytes, as the pack `id` if `verify`, awaited once the body has ended,
+    /// says yes; returns whether it did. Durable when it returns `Ok(true)`. A store may hold the
+    /// bytes under `id` before verification (nothing names an uncommitted pack), but removes them
+    /// when verification fails.
+    async fn put_pack(
+        &self,
+        id: &PackId,
+        body: ByteStream,
+        len: u64,
+        verify: VerifyFuture,
+    ) -> Result<bool, StorageError>;
+
+    /// Streams a range of a pack.
+    async fn read_pack(
+        &self,
+        id: &PackId,
+        range: ByteRange,
+    ) -> Result<Option<ByteStream>, StorageError>;
+
+    /// Removes a pack's bytes. Returns whether anything was there.
+    async fn delete_pack(&self, id: &PackId) -> Result<bool, StorageError>;
 
     /// Removes leftovers of uploads that a crash interrupted before `older_than` and that no upload
     /// session names (multipart uploads, for object stores). Returns how many it removed.

@@ -1,5 +1,6 @@
-//! The filesystem blob store: one file per blob under `blobs/<algorithm>/<xx>/<hex>`, uploads under
-//! `uploads/<id>`, published by fsync and rename so a crash leaves either no blob or a whole one.
+//! The filesystem blob store: one file per blob under `blobs/<algorithm>/<xx>/<hex>`, one per pack
+//! under `packs/<xx>/<id>`, uploads under `uploads/<id>`, published by fsync and rename so a crash
+//! leaves either nothing or the whole file.
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::io::ReaderStream;
 use vial_core::Digest;
 
-use super::{BlobStore, ByteRange, ByteStream, StorageError};
+use super::{BlobStore, ByteRange, ByteStream, PackId, StorageError, VerifyFuture};
 
 /// Size of the reads that feed a blob GET. Large reads keep syscalls off the profile.
 const READ_CHUNK: usize = 1024 * 1024;
@@ -30,7 +31,7 @@ impl FsBlobStore {
     /// Opens (creating if needed) a store rooted at `root`.
     pub async fn open(root: impl Into<PathBuf>) -> Result<Self, StorageError> {
         let root = root.into();
-        for dir in [root.join("blobs"), root.join("uploads")] {
+        for dir in [root.join("blobs"), root.join("uploads"), root.join("packs")] {
             tokio::fs::create_dir_all(&dir)
                 .await
                 .map_err(|e| StorageError::io(&dir, e))?;
@@ -45,6 +46,11 @@ impl FsBlobStore {
             .join(digest.algorithm().as_str())
             .join(&hex[..2])
             .join(hex)
+    }
+
+    fn pack_path(&self, id: &PackId) -> PathBuf {
+        let id = id.as_str();
+        self.root.join("packs").join(&id[..2]).join(id)
     }
 
     fn upload_path(&self, id: &str) -> Result<PathBuf, StorageError> {
@@ -95,6 +101,52 @@ impl BlobStore for FsBlobStore {
 
     async fn delete(&self, digest: &Digest) -> Result<bool, StorageError> {
         let path = self.blob_path(digest);
+        Ok(not_found_is_none(tokio::fs::remove_file(&path).await, &path)?.is_some())
+    }
+
+    async fn put_pack(
+        &self,
+        id: &PackId,
+        body: ByteStream,
+        len: u64,
+        verify: VerifyFuture,
+    ) -> Result<bool, StorageError> {
+        // Written as an upload, then published like a blob: one fsync and one rename for every
+        // chunk of the pack, where chunks uploaded one by one cost one each.
+        let upload = id.as_str().to_owned();
+        self.create_upload(&upload).await?;
+        let result = async {
+            let size = self.append_upload(&upload, 0, body).await?;
+            if size != len || !verify.await {
+                return Ok(false);
+            }
+            let (from, to) = (self.upload_path(&upload)?, self.pack_path(id));
+            tokio::task::spawn_blocking(move || publish(&upload, &from, &to))
+                .await
+                .map_err(|e| StorageError::io("pack", std::io::Error::other(e)))??;
+            Ok(true)
+        }
+        .await;
+        if !matches!(result, Ok(true)) {
+            let _ = self.abort_upload(id.as_str()).await;
+        }
+        result
+    }
+
+    async fn read_pack(
+        &self,
+        id: &PackId,
+        range: ByteRange,
+    ) -> Result<Option<ByteStream>, StorageError> {
+        let path = self.pack_path(id);
+        let Some(file) = not_found_is_none(std::fs::File::open(&path), &path)? else {
+            return Ok(None);
+        };
+        Ok(Some(read_stream(file, path, range.start, range.len())))
+    }
+
+    async fn delete_pack(&self, id: &PackId) -> Result<bool, StorageError> {
+        let path = self.pack_path(id);
         Ok(not_found_is_none(tokio::fs::remove_file(&path).await, &path)?.is_some())
     }
 

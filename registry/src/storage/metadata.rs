@@ -159,20 +159,62 @@ pub struct UploadSession {
     pub updated_at: i64,
 }
 
-/// Where a blob's bytes are: stored whole under its own digest, or as a range of another blob.
+/// Where a blob's bytes are: stored whole under its own digest, or as a range of something else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlobLocation {
     pub size: u64,
-    /// The blob holding these bytes and their offset in it, for chunks of sealed artifacts.
-    pub source: Option<(Digest, u64)>,
+    /// What holds these bytes, and their offset in it; `None` for a blob stored whole.
+    pub source: Option<(Source, u64)>,
 }
 
-/// A chunk stored as a byte range of a blob that is stored whole.
+/// What holds the bytes of a blob that has no object of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// Another blob stored whole: a chunk of a file layer an artifact was sealed from.
+    Blob(Digest),
+    /// A pack: chunks uploaded together in one request (`POST /_vial/packs`).
+    Pack(super::PackId),
+}
+
+/// Written as the blob's digest, or `pack:<id>`: the string form records of sealed layers keep
+/// (those written before packs existed hold plain digests, and still read).
+impl serde::Serialize for Source {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Source::Blob(d) => s.serialize_str(d.as_str()),
+            Source::Pack(p) => s.serialize_str(&format!("pack:{p}")),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Source {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.strip_prefix("pack:") {
+            Some(id) => super::PackId::parse(id)
+                .map(Source::Pack)
+                .ok_or_else(|| serde::de::Error::custom(format!("bad pack id {id:?}"))),
+            None => Digest::parse(&text)
+                .map(Source::Blob)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// A chunk of a pack: its digest, its size and its offset in the pack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedChunk {
+    pub digest: Digest,
+    pub size: u64,
+    pub offset: u64,
+}
+
+/// A chunk stored as a byte range of a blob that is stored whole, or of a pack.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RangeChunk {
     pub digest: Digest,
     pub size: u64,
-    pub source: Digest,
+    pub source: Source,
     pub offset: u64,
 }
 
@@ -299,6 +341,55 @@ pub trait BlobMeta: Send + Sync {
         digests: &[Digest],
         presence: Presence,
     ) -> Result<Vec<Digest>, StorageError>;
+
+    /// Records that a pack's bytes are about to be stored, before they are: a pack whose request
+    /// dies before [`BlobMeta::commit_pack`] is then found by [`BlobMeta::stale_packs`].
+    async fn begin_pack(&self, pack: &super::PackId, size: u64) -> Result<(), StorageError>;
+
+    /// Packs begun before `created_before` and never committed, oldest first.
+    async fn stale_packs(
+        &self,
+        created_before: i64,
+        limit: u32,
+    ) -> Result<Vec<super::PackId>, StorageError>;
+
+    /// Forgets a pack that was never committed (its bytes are gone).
+    async fn drop_pack(&self, pack: &super::PackId) -> Result<(), StorageError>;
+
+    /// Commits a begun pack whose verified bytes the blob store holds: its chunks as ranges of
+    /// it, every chunk linked to `repo`. One transaction, so a pack's chunks appear together or
+    /// not at all. A chunk the registry already holds keeps where it is.
+    async fn commit_pack(
+        &self,
+        repo: &RepoName,
+        pack: &super::PackId,
+        size: u64,
+        chunks: &[PackedChunk],
+    ) -> Result<(), StorageError>;
+
+    /// Where the bytes of each of `digests` that `repo` holds are; the others are left out.
+    async fn blob_locations(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+    ) -> Result<std::collections::HashMap<Digest, BlobLocation>, StorageError>;
+
+    /// Committed packs no chunk lives in any more, created before `created_before`: collection
+    /// candidates.
+    async fn unreferenced_packs(
+        &self,
+        created_before: i64,
+        limit: u32,
+    ) -> Result<Vec<(super::PackId, u64)>, StorageError>;
+
+    /// Removes one pack if no chunk lives in it once its row is locked: `delete_bytes` runs under
+    /// that lock, before the row goes. Returns its size if it was removed.
+    async fn collect_pack(
+        &self,
+        pack: &super::PackId,
+        created_before: i64,
+        delete_bytes: &(dyn Fn(super::PackId) -> BytesDeletion + Send + Sync),
+    ) -> Result<Option<u64>, StorageError>;
 
     /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
     async fn blob_location(

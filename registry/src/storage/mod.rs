@@ -11,13 +11,13 @@ mod metadata;
 pub(crate) mod s3;
 mod sql;
 
-pub use blob::{BlobStore, ByteRange, ByteStream, VerifyFuture};
+pub use blob::{BlobStore, ByteRange, ByteStream, PackId, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
     BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
-    JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, Page, Presence,
-    RangeChunk, Restored, StoredCheck, StoredManifest, TagEvent, TagMeta, TagPrecondition,
-    UploadMeta, UploadSession, VersionRow,
+    JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, PackedChunk, Page,
+    Presence, RangeChunk, Restored, Source, StoredCheck, StoredManifest, TagEvent, TagMeta,
+    TagPrecondition, UploadMeta, UploadSession, VersionRow,
 };
 pub use s3::S3BlobStore;
 pub use sql::{Dialect, SqlMetadataStore};
@@ -100,19 +100,20 @@ pub async fn read_located(
     location: &BlobLocation,
     range: Option<ByteRange>,
 ) -> Result<Option<ByteStream>, StorageError> {
-    match &location.source {
-        None => blobs.read(digest, range).await,
-        Some((source, offset)) => {
-            let r = range.unwrap_or(ByteRange {
-                start: 0,
-                end: location.size,
-            });
-            let within = ByteRange {
-                start: offset + r.start,
-                end: offset + r.end,
-            };
-            blobs.read(source, Some(within)).await
-        }
+    let Some((source, offset)) = &location.source else {
+        return blobs.read(digest, range).await;
+    };
+    let r = range.unwrap_or(ByteRange {
+        start: 0,
+        end: location.size,
+    });
+    let within = ByteRange {
+        start: offset + r.start,
+        end: offset + r.end,
+    };
+    match source {
+        Source::Blob(source) => blobs.read(source, Some(within)).await,
+        Source::Pack(pack) => blobs.read_pack(pack, within).await,
     }
 }
 

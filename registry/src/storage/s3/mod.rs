@@ -23,13 +23,18 @@ use async_trait::async_trait;
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream as S3Body;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
+use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use aws_sdk_s3::Client;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use vial_core::Digest;
 
-use super::{BlobStore, ByteRange, ByteStream, StorageError, VerifyFuture};
+mod multipart;
+mod packs;
+
+use multipart::Multipart;
+
+use super::{BlobStore, ByteRange, ByteStream, PackId, StorageError, VerifyFuture};
 use crate::config::S3Location;
 
 /// S3's smallest part, except the last.
@@ -420,164 +425,6 @@ struct ChunkObject {
     size: u64,
 }
 
-/// One multipart upload in progress. One part at a time is in flight, sent while the caller
-/// gathers the next one, so receiving and sending overlap.
-struct Multipart {
-    key: String,
-    upload_id: String,
-    parts: Vec<CompletedPart>,
-    in_flight: Option<tokio::task::JoinHandle<Result<CompletedPart, StorageError>>>,
-}
-
-impl Multipart {
-    async fn create(store: &S3BlobStore, key: &str) -> Result<Self, StorageError> {
-        let out = store
-            .client
-            .create_multipart_upload()
-            .bucket(&store.bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| s3_error("CreateMultipartUpload", key, e))?;
-        let upload_id = out.upload_id().ok_or_else(|| StorageError::S3 {
-            op: "CreateMultipartUpload",
-            key: key.to_owned(),
-            message: "no upload id in the response".into(),
-            unavailable: false,
-        })?;
-        Ok(Multipart {
-            key: key.to_owned(),
-            upload_id: upload_id.to_owned(),
-            parts: Vec::new(),
-            in_flight: None,
-        })
-    }
-
-    fn next_number(&self) -> Result<i32, StorageError> {
-        let n = self.parts.len() as i32 + 1;
-        if n > MAX_PARTS {
-            return Err(StorageError::S3 {
-                op: "UploadPart",
-                key: self.key.clone(),
-                message: "blob exceeds the 10,000-part limit of a multipart upload".into(),
-                unavailable: false,
-            });
-        }
-        Ok(n)
-    }
-
-    /// Waits for the part in flight, if any.
-    async fn settle(&mut self) -> Result<(), StorageError> {
-        if let Some(task) = self.in_flight.take() {
-            let part = task.await.map_err(|e| StorageError::S3 {
-                op: "UploadPart",
-                key: self.key.clone(),
-                message: e.to_string(),
-                unavailable: false,
-            })??;
-            self.parts.push(part);
-        }
-        Ok(())
-    }
-
-    /// Sends `body` as the next part, once the previous part is done.
-    async fn upload(&mut self, store: &S3BlobStore, body: Bytes) -> Result<(), StorageError> {
-        self.settle().await?;
-        let n = self.next_number()?;
-        let request = store
-            .client
-            .upload_part()
-            .bucket(&store.bucket)
-            .key(&self.key)
-            .upload_id(&self.upload_id)
-            .part_number(n)
-            .body(S3Body::from(body));
-        let key = self.key.clone();
-        self.in_flight = Some(tokio::spawn(async move {
-            let out = request
-                .send()
-                .await
-                .map_err(|e| s3_error("UploadPart", &key, e))?;
-            Ok(CompletedPart::builder()
-                .part_number(n)
-                .set_e_tag(out.e_tag().map(str::to_owned))
-                .build())
-        }));
-        Ok(())
-    }
-
-    async fn copy(
-        &mut self,
-        store: &S3BlobStore,
-        source_key: &str,
-        start: u64,
-        end: u64,
-    ) -> Result<(), StorageError> {
-        self.settle().await?;
-        let n = self.next_number()?;
-        let out = store
-            .client
-            .upload_part_copy()
-            .bucket(&store.bucket)
-            .key(&self.key)
-            .upload_id(&self.upload_id)
-            .part_number(n)
-            .copy_source(format!("{}/{source_key}", store.bucket))
-            .copy_source_range(format!("bytes={start}-{}", end - 1))
-            .send()
-            .await
-            .map_err(|e| s3_error("UploadPartCopy", source_key, e))?;
-        let etag = out
-            .copy_part_result()
-            .and_then(|r| r.e_tag())
-            .map(str::to_owned);
-        self.parts.push(
-            CompletedPart::builder()
-                .part_number(n)
-                .set_e_tag(etag)
-                .build(),
-        );
-        Ok(())
-    }
-
-    async fn complete(&mut self, store: &S3BlobStore) -> Result<(), StorageError> {
-        self.settle().await?;
-        store
-            .client
-            .complete_multipart_upload()
-            .bucket(&store.bucket)
-            .key(&self.key)
-            .upload_id(&self.upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(std::mem::take(&mut self.parts)))
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| s3_error("CompleteMultipartUpload", &self.key, e))?;
-        Ok(())
-    }
-
-    /// Best effort: an upload left behind is removed later by [`BlobStore::sweep`].
-    async fn abort(self, store: &S3BlobStore) {
-        if let Some(task) = &self.in_flight {
-            task.abort();
-        }
-        if let Err(e) = store
-            .client
-            .abort_multipart_upload()
-            .bucket(&store.bucket)
-            .key(&self.key)
-            .upload_id(&self.upload_id)
-            .send()
-            .await
-        {
-            tracing::warn!(key = %self.key, error = %DisplayErrorContext(&e), "could not abort multipart upload");
-        }
-    }
-}
-
 fn is_not_found<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> bool {
     match e {
         SdkError::ServiceError(s) => {
@@ -836,6 +683,28 @@ impl BlobStore for S3BlobStore {
             self.delete_keys(keys).await?;
         }
         Ok(())
+    }
+
+    async fn put_pack(
+        &self,
+        id: &PackId,
+        body: ByteStream,
+        len: u64,
+        verify: VerifyFuture,
+    ) -> Result<bool, StorageError> {
+        self.put_pack_object(id, body, len, verify).await
+    }
+
+    async fn read_pack(
+        &self,
+        id: &PackId,
+        range: ByteRange,
+    ) -> Result<Option<ByteStream>, StorageError> {
+        self.read_pack_range(id, range).await
+    }
+
+    async fn delete_pack(&self, id: &PackId) -> Result<bool, StorageError> {
+        self.delete_pack_object(id).await
     }
 
     async fn sweep(&self, older_than: SystemTime) -> Result<u64, StorageError> {

@@ -1,6 +1,9 @@
 //! Blob rows and their links to repositories; garbage collection candidates and removal.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
+use sqlx::any::AnyRow;
 use sqlx::Row;
 use vial_core::{Digest, RepoName};
 
@@ -12,6 +15,45 @@ const UNREFERENCED: &str = "b.touched_at < $1
     AND NOT EXISTS (SELECT 1 FROM manifest_references r
                      WHERE r.target_digest = b.digest AND r.is_manifest = $2)
     AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)";
+
+/// The columns [`location_from_row`] reads, of a `blobs` row `b`.
+const LOCATION: &str = "b.size, b.source_digest, b.pack_id, b.source_offset";
+
+/// A committed pack (`p`) no chunk lives in, created before `$1`.
+const UNUSED_PACK: &str = "p.committed AND p.created_at < $1
+    AND NOT EXISTS (SELECT 1 FROM blobs b WHERE b.pack_id = p.id)";
+
+fn location_from_row(row: &AnyRow) -> Result<BlobLocation, StorageError> {
+    let size: i64 = row.try_get("size")?;
+    let blob: Option<String> = row.try_get("source_digest")?;
+    let pack: Option<String> = row.try_get("pack_id")?;
+    let offset: Option<i64> = row.try_get("source_offset")?;
+    let source = match (blob, pack, offset) {
+        (Some(d), None, Some(o)) => Some((Source::Blob(parse_digest(&d)?), o as u64)),
+        (None, Some(p), Some(o)) => Some((Source::Pack(parse_pack(&p)?), o as u64)),
+        (None, None, _) => None,
+        _ => {
+            return Err(StorageError::Corrupt(
+                "a blob row names both a source blob and a pack, or no offset".into(),
+            ))
+        }
+    };
+    Ok(BlobLocation {
+        size: size as u64,
+        source,
+    })
+}
+
+/// Whether a blob row's bytes are an object of its own (not a range of a blob or a pack).
+fn has_own_bytes(row: &AnyRow) -> Result<bool, StorageError> {
+    let blob: Option<String> = row.try_get("source_digest")?;
+    let pack: Option<String> = row.try_get("pack_id")?;
+    Ok(blob.is_none() && pack.is_none())
+}
+
+fn parse_pack(s: &str) -> Result<PackId, StorageError> {
+    PackId::parse(s).ok_or_else(|| StorageError::Corrupt(format!("stored pack id {s:?}")))
+}
 
 #[async_trait]
 impl BlobMeta for SqlMetadataStore {
@@ -44,7 +86,8 @@ impl BlobMeta for SqlMetadataStore {
         sqlx::query(
             "INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, $2, $3, $3)
              ON CONFLICT (digest) DO UPDATE
-                SET source_digest = NULL, source_offset = NULL, touched_at = excluded.touched_at",
+                SET source_digest = NULL, source_offset = NULL, pack_id = NULL,
+                    touched_at = excluded.touched_at",
         )
         .bind(digest.as_str())
         .bind(size as i64)
@@ -174,28 +217,195 @@ impl BlobMeta for SqlMetadataStore {
         repo: &RepoName,
         digest: &Digest,
     ) -> Result<Option<BlobLocation>, StorageError> {
-        let row = sqlx::query(
-            "SELECT b.size, b.source_digest, b.source_offset FROM repository_blobs rb
+        let row = sqlx::query(&format!(
+            "SELECT {LOCATION} FROM repository_blobs rb
                JOIN repositories r ON r.id = rb.repository_id
                JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = $1 AND rb.digest = $2",
-        )
+              WHERE r.name = $1 AND rb.digest = $2"
+        ))
         .bind(repo.as_str())
         .bind(digest.as_str())
         .fetch_optional(&self.reader)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let size: i64 = row.try_get("size")?;
-        let source: Option<String> = row.try_get("source_digest")?;
-        let offset: Option<i64> = row.try_get("source_offset")?;
-        let source = match (source, offset) {
-            (Some(d), Some(o)) => Some((parse_digest(&d)?, o as u64)),
-            _ => None,
+        row.as_ref().map(location_from_row).transpose()
+    }
+
+    async fn blob_locations(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+    ) -> Result<HashMap<Digest, BlobLocation>, StorageError> {
+        if digests.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let rows = sqlx::query(&format!(
+            "SELECT b.digest, {LOCATION} FROM repository_blobs rb
+               JOIN repositories r ON r.id = rb.repository_id
+               JOIN blobs b ON b.digest = rb.digest
+              WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {})",
+            self.dialect.text_set("$2")
+        ))
+        .bind(repo.as_str())
+        .bind(digest_set(digests.iter()))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let digest: String = row.try_get("digest")?;
+                Ok((parse_digest(&digest)?, location_from_row(row)?))
+            })
+            .collect()
+    }
+
+    async fn commit_pack(
+        &self,
+        repo: &RepoName,
+        pack: &PackId,
+        size: u64,
+        chunks: &[PackedChunk],
+    ) -> Result<(), StorageError> {
+        let now = now_millis();
+        let mut tx = self.writer.begin().await?;
+        let repo_id = repo_id_for_write(&mut tx, repo).await?;
+        let begun = sqlx::query(
+            "UPDATE packs SET committed = $2 WHERE id = $1 AND size = $3 AND NOT committed",
+        )
+        .bind(pack.as_str())
+        .bind(true)
+        .bind(size as i64)
+        .execute(&mut *tx)
+        .await?;
+        if begun.rows_affected() != 1 {
+            return Err(StorageError::Corrupt(format!(
+                "pack {pack} was not begun at {size} bytes, or is committed already"
+            )));
+        }
+        // One statement for all the chunks, whatever their number: a JSON array of
+        // [digest, size, offset] rows. A chunk the registry holds already keeps its home (it
+        // is live: collection removes a row and its bytes together, under the row's lock).
+        let rows = serde_json::to_string(
+            &chunks
+                .iter()
+                .map(|c| (c.digest.as_str(), c.size, c.offset))
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| StorageError::Corrupt(e.to_string()))?;
+        sqlx::query(&format!(
+            "INSERT INTO blobs (digest, size, created_at, touched_at, pack_id, source_offset)
+             SELECT {}, {}, $2, $2, $3, {} FROM {} WHERE true
+             ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at",
+            self.dialect.json_field("value", 0, "TEXT"),
+            self.dialect.json_field("value", 1, "BIGINT"),
+            self.dialect.json_field("value", 2, "BIGINT"),
+            self.dialect.json_rows("$1"),
+        ))
+        .bind(&rows)
+        .bind(now)
+        .bind(pack.as_str())
+        .execute(&mut *tx)
+        .await?;
+        let set = digest_set(chunks.iter().map(|c| &c.digest));
+        sqlx::query(&format!(
+            "INSERT INTO repository_blobs (repository_id, digest, created_at)
+             SELECT $1, value, $3 FROM {} WHERE true ON CONFLICT DO NOTHING",
+            self.dialect.text_set("$2")
+        ))
+        .bind(repo_id)
+        .bind(&set)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn unreferenced_packs(
+        &self,
+        created_before: i64,
+        limit: u32,
+    ) -> Result<Vec<(PackId, u64)>, StorageError> {
+        let rows = sqlx::query(&format!(
+            "SELECT p.id, p.size FROM packs p WHERE {UNUSED_PACK} ORDER BY p.created_at LIMIT $2"
+        ))
+        .bind(created_before)
+        .bind(i64::from(limit))
+        .fetch_all(&self.writer)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("id")?;
+                let size: i64 = row.try_get("size")?;
+                Ok((parse_pack(&id)?, size as u64))
+            })
+            .collect()
+    }
+
+    async fn collect_pack(
+        &self,
+        pack: &PackId,
+        created_before: i64,
+        delete_bytes: &(dyn Fn(PackId) -> BytesDeletion + Send + Sync),
+    ) -> Result<Option<u64>, StorageError> {
+        let mut tx = self.writer.begin().await?;
+        if self.dialect == Dialect::Postgres {
+            sqlx::query("SELECT id FROM packs WHERE id = $1 FOR UPDATE")
+                .bind(pack.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        // Only the commit that created a pack ever makes a chunk live in it, so once no chunk
+        // does, none ever will again: checking under the row lock is enough.
+        let size: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT p.size FROM packs p WHERE p.id = $2 AND {UNUSED_PACK}"
+        ))
+        .bind(created_before)
+        .bind(pack.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(size) = size else {
+            return Ok(None);
         };
-        Ok(Some(BlobLocation {
-            size: size as u64,
-            source,
-        }))
+        delete_bytes(pack.clone()).await?;
+        sqlx::query("DELETE FROM packs WHERE id = $1")
+            .bind(pack.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(size as u64))
+    }
+
+    async fn begin_pack(&self, pack: &PackId, size: u64) -> Result<(), StorageError> {
+        sqlx::query("INSERT INTO packs (id, size, created_at, committed) VALUES ($1, $2, $3, $4)")
+            .bind(pack.as_str())
+            .bind(size as i64)
+            .bind(now_millis())
+            .bind(false)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    async fn stale_packs(
+        &self,
+        created_before: i64,
+        limit: u32,
+    ) -> Result<Vec<PackId>, StorageError> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM packs WHERE NOT committed AND created_at < $1 ORDER BY created_at LIMIT $2",
+        )
+        .bind(created_before)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        ids.iter().map(|id| parse_pack(id)).collect()
+    }
+
+    async fn drop_pack(&self, pack: &PackId) -> Result<(), StorageError> {
+        sqlx::query("DELETE FROM packs WHERE id = $1 AND NOT committed")
+            .bind(pack.as_str())
+            .execute(&self.writer)
+            .await?;
+        Ok(())
     }
 
     async fn commit_range_chunks(
@@ -207,14 +417,19 @@ impl BlobMeta for SqlMetadataStore {
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
         for c in chunks {
+            let (blob, pack) = match &c.source {
+                Source::Blob(d) => (Some(d.as_str()), None),
+                Source::Pack(p) => (None, Some(p.as_str())),
+            };
             sqlx::query(
-                "INSERT INTO blobs (digest, size, created_at, touched_at, source_digest, source_offset)
-                 VALUES ($1, $2, $3, $3, $4, $5) ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at",
+                "INSERT INTO blobs (digest, size, created_at, touched_at, source_digest, pack_id, source_offset)
+                 VALUES ($1, $2, $3, $3, $4, $5, $6) ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at",
             )
             .bind(c.digest.as_str())
             .bind(c.size as i64)
             .bind(now)
-            .bind(c.source.as_str())
+            .bind(blob)
+            .bind(pack)
             .bind(c.offset as i64)
             .execute(&mut *tx)
             .await?;
@@ -235,7 +450,7 @@ impl BlobMeta for SqlMetadataStore {
         limit: u32,
     ) -> Result<Vec<(Digest, u64, bool)>, StorageError> {
         let rows = sqlx::query(&format!(
-            "SELECT b.digest, b.size, b.source_digest FROM blobs b WHERE {UNREFERENCED}
+            "SELECT b.digest, b.size, b.source_digest, b.pack_id FROM blobs b WHERE {UNREFERENCED}
               ORDER BY b.touched_at LIMIT $3"
         ))
         .bind(touched_before)
@@ -247,8 +462,7 @@ impl BlobMeta for SqlMetadataStore {
             .map(|row| {
                 let digest: String = row.try_get("digest")?;
                 let size: i64 = row.try_get("size")?;
-                let source: Option<String> = row.try_get("source_digest")?;
-                Ok((parse_digest(&digest)?, size as u64, source.is_none()))
+                Ok((parse_digest(&digest)?, size as u64, has_own_bytes(row)?))
             })
             .collect()
     }
@@ -269,7 +483,7 @@ impl BlobMeta for SqlMetadataStore {
         }
         // Checked again now that the row is held: a new statement sees every commit so far.
         let row = sqlx::query(&format!(
-            "SELECT b.size, b.source_digest FROM blobs b WHERE b.digest = $3 AND {UNREFERENCED}"
+            "SELECT b.size, b.source_digest, b.pack_id FROM blobs b WHERE b.digest = $3 AND {UNREFERENCED}"
         ))
         .bind(touched_before)
         .bind(false)
@@ -280,8 +494,7 @@ impl BlobMeta for SqlMetadataStore {
             return Ok(None);
         };
         let size: i64 = row.try_get("size")?;
-        let source: Option<String> = row.try_get("source_digest")?;
-        if source.is_none() {
+        if has_own_bytes(&row)? {
             delete_bytes(digest.clone()).await?;
         }
         sqlx::query("DELETE FROM repository_blobs WHERE digest = $1")

@@ -28,6 +28,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "sync",
         include_str!("../../../../migrations/sqlite/0004_sync.sql"),
     ),
+    (
+        5,
+        "packs",
+        include_str!("../../../../migrations/sqlite/0005_packs.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -49,6 +54,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         4,
         "sync",
         include_str!("../../../../migrations/postgres/0004_sync.sql"),
+    ),
+    (
+        5,
+        "packs",
+        include_str!("../../../../migrations/postgres/0005_packs.sql"),
     ),
 ];
 

@@ -26,11 +26,11 @@ use vial_core::{Digest, RepoName, Tag, Target};
 
 use super::metadata::{
     BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
-    JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, Page, Presence,
-    RangeChunk, Restored, StoredCheck, StoredManifest, TagEvent, TagMeta, TagPrecondition,
-    UploadMeta, UploadSession, VersionRow,
+    JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, PackedChunk, Page,
+    Presence, RangeChunk, Restored, Source, StoredCheck, StoredManifest, TagEvent, TagMeta,
+    TagPrecondition, UploadMeta, UploadSession, VersionRow,
 };
-use super::{now_millis, StorageError};
+use super::{now_millis, PackId, StorageError};
 
 /// The size of a blob if `$1` (a repository name) holds `$2` (a digest).
 const BLOB_SIZE_IN_REPO: &str = "SELECT b.size FROM repository_blobs rb
@@ -52,6 +52,23 @@ impl Dialect {
         match self {
             Dialect::Sqlite => "group_concat(t.name, ' ')",
             Dialect::Postgres => "string_agg(t.name, ' ')",
+        }
+    }
+
+    /// A table of the rows of the JSON array of arrays bound to `param`, one row per element, in a
+    /// column `value` that [`Dialect::json_field`] reads.
+    fn json_rows(self, param: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("json_each({param})"),
+            Dialect::Postgres => format!("json_array_elements(CAST({param} AS json)) AS value"),
+        }
+    }
+
+    /// Element `i` of the JSON array in column `column`, as SQL type `ty` (TEXT or BIGINT).
+    fn json_field(self, column: &str, i: usize, ty: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("CAST(json_extract({column}, '$[{i}]') AS {ty})"),
+            Dialect::Postgres => format!("CAST({column}->>{i} AS {ty})"),
         }
     }
 

@@ -1,0 +1,453 @@
+//! Chunks in bulk, a vial extension: many new chunks uploaded in one request and stored as one pack
+//! (`POST /v2/<name>/_vial/packs`), and many chunks read back in one request
+//! (`POST /v2/<name>/_vial/chunks`). docs/format.md, "Packs", is the wire description.
+//!
+//! A chunk pushed one by one costs a request, a blob store write with its fsync (or PUT), and a
+//! metadata commit; a pack of 64 MiB costs one of each for all its chunks. Every chunk is still a
+//! blob, verified against its own digest on the way in and readable on its own by any OCI client
+//! (as a range of its pack).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot};
+use vial_core::{Digest, RepoName};
+
+use super::{set_header, Request};
+use crate::error::{ApiError, ErrorCode};
+use crate::storage::{BlobLocation, ByteRange, ByteStream, PackId, PackedChunk, VerifyFuture};
+use crate::AppState;
+
+/// The largest pack one request may carry.
+pub const MAX_PACK_BYTES: u64 = 1 << 30;
+/// The most chunks in one pack or one bulk read.
+pub const MAX_PACK_CHUNKS: usize = 8192;
+/// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
+const MAX_LIST_BYTES: usize = 1 << 20;
+/// Body frames queued for the chunk hasher of one pack.
+const HASH_QUEUE: usize = 8;
+
+/// The first line of a pack: its chunks, in the order their bytes follow.
+#[derive(Deserialize)]
+struct ChunkList {
+    chunks: Vec<(Digest, u64)>,
+}
+
+fn invalid(code: ErrorCode, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(code, message)
+}
+
+/// Splits the body into its chunk list line and the bytes after it (as a stream that starts with
+/// whatever of them arrived with the line).
+async fn read_list(body: Body) -> Result<(ChunkList, usize, ByteStream), ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut head = Vec::new();
+    let newline = loop {
+        let Some(frame) = stream.next().await else {
+            return Err(invalid(
+                ErrorCode::BlobUploadInvalid,
+                "a pack starts with its chunk list on one line",
+            ));
+        };
+        let frame = frame.map_err(|e| {
+            invalid(
+                ErrorCode::BlobUploadInvalid,
+                format!("pack body failed: {e}"),
+            )
+        })?;
+        head.extend_from_slice(&frame);
+        if let Some(at) = head.iter().position(|&b| b == b'\n') {
+            break at;
+        }
+        if head.len() > MAX_LIST_BYTES {
+            return Err(invalid(
+                ErrorCode::SizeInvalid,
+                format!("a pack's chunk list is at most {MAX_LIST_BYTES} bytes"),
+            ));
+        }
+    };
+    let list: ChunkList = serde_json::from_slice(&head[..newline]).map_err(|e| {
+        invalid(
+            ErrorCode::DigestInvalid,
+            format!("expected {{\"chunks\": [[digest, size], ...]}} with valid digests: {e}"),
+        )
+    })?;
+    let rest = Bytes::from(head).slice(newline + 1..);
+    let body: ByteStream = Box::pin(
+        futures_util::stream::once(async move { Ok(rest) })
+            .chain(stream.map(|frame| frame.map_err(std::io::Error::other))),
+    );
+    Ok((list, newline + 1, body))
+}
+
+/// Hashes the pack's bytes chunk by chunk on a blocking thread as they pass; says at the end
+/// whether every chunk had its digest and the bytes ended exactly after the last one.
+struct ChunkCheck {
+    tx: mpsc::Sender<Bytes>,
+    verdict: oneshot::Receiver<Result<(), String>>,
+}
+
+impl ChunkCheck {
+    fn spawn(chunks: Vec<(Digest, u64)>) -> ChunkCheck {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(HASH_QUEUE);
+        let (done, verdict) = oneshot::channel();
+        tokio::task::spawn_blocking(move || {
+            let mut expected = chunks.into_iter();
+            let mut current = expected.next();
+            let mut hasher = current.as_ref().map(|(d, _)| d.algorithm().hasher());
+            let mut left = current.as_ref().map_or(0, |(_, s)| *s);
+            let mut result = Ok(());
+            // Chunks of zero bytes end where they start.
+            let close = |current: &mut Option<(Digest, u64)>,
+                         hasher: &mut Option<vial_core::DigestHasher>,
+                         left: &mut u64,
+                         expected: &mut std::vec::IntoIter<(Digest, u64)>|
+             -> Result<(), String> {
+                while let (Some((digest, _)), 0) = (current.as_ref(), *left) {
+                    let got = hasher.take().map(|h| h.finish());
+                    if got.as_ref() != Some(digest) {
+                        return Err(format!(
+                            "chunk {digest} of the pack has digest {}",
+                            got.map_or_else(|| "?".to_owned(), |d| d.to_string())
+                        ));
+                    }
+                    *current = expected.next();
+                    *hasher = current.as_ref().map(|(d, _)| d.algorithm().hasher());
+                    *left = current.as_ref().map_or(0, |(_, s)| *s);
+                }
+                Ok(())
+            };
+            result =
+                result.and_then(|()| close(&mut current, &mut hasher, &mut left, &mut expected));
+            while let Some(mut bytes) = rx.blocking_recv() {
+                while !bytes.is_empty() && result.is_ok() {
+                    let Some(h) = hasher.as_mut() else {
+                        result = Err("the pack holds bytes after its last chunk".into());
+                        break;
+                    };
+                    let take = (left as usize).min(bytes.len());
+                    h.update(&bytes[..take]);
+                    bytes = bytes.slice(take..);
+                    left -= take as u64;
+                    result = close(&mut current, &mut hasher, &mut left, &mut expected);
+                }
+            }
+            if result.is_ok() {
+                if let Some((digest, _)) = current {
+                    result = Err(format!("the pack ends before the end of chunk {digest}"));
+                }
+            }
+            let _ = done.send(result);
+        });
+        ChunkCheck { tx, verdict }
+    }
+}
+
+/// `POST /v2/<name>/_vial/packs`: a body of one line `{"chunks": [[digest, size], ...]}`, then
+/// the chunks' bytes end to end. Stored as one pack if every chunk has its digest; then every
+/// chunk is a blob of the repository, served as a range of the pack.
+pub(super) async fn upload(
+    state: &AppState,
+    repo: &RepoName,
+    req: &Request,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let Some(total) = req.content_length() else {
+        return Err(ApiError::new(
+            StatusCode::LENGTH_REQUIRED,
+            ErrorCode::SizeInvalid,
+            "a pack needs a Content-Length",
+        ));
+    };
+    if total > MAX_PACK_BYTES + MAX_LIST_BYTES as u64 {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::SizeInvalid,
+            format!("a pack carries at most {MAX_PACK_BYTES} bytes"),
+        ));
+    }
+    let (list, list_len, bytes) = read_list(body).await?;
+    let chunks = list.chunks;
+    if chunks.is_empty() || chunks.len() > MAX_PACK_CHUNKS {
+        return Err(invalid(
+            ErrorCode::SizeInvalid,
+            format!("a pack holds 1 to {MAX_PACK_CHUNKS} chunks"),
+        ));
+    }
+    let size: u64 = chunks.iter().map(|(_, s)| s).sum();
+    if size + list_len as u64 != total {
+        return Err(invalid(
+            ErrorCode::SizeInvalid,
+            format!(
+                "the chunks add up to {size} bytes, but the body after the list is {}",
+                total.saturating_sub(list_len as u64)
+            ),
+        ));
+    }
+    let mut offset = 0;
+    let packed: Vec<PackedChunk> = chunks
+        .iter()
+        .map(|(digest, size)| {
+            let c = PackedChunk {
+                digest: digest.clone(),
+                size: *size,
+                offset,
+            };
+            offset += size;
+            c
+        })
+        .collect();
+
+    let check = ChunkCheck::spawn(chunks);
+    let verdict = check.verdict;
+    let failure = Arc::new(std::sync::Mutex::new(None::<String>));
+    let why = Arc::clone(&failure);
+    let verify: VerifyFuture = Box::pin(async move {
+        let ok = match verdict.await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                if let Ok(mut w) = why.lock() {
+                    *w = Some(e);
+                }
+                false
+            }
+            Err(_) => false,
+        };
+        ok
+    });
+    let tx = check.tx;
+    let metrics = Arc::clone(&state.metrics);
+    let teed: ByteStream = Box::pin(bytes.then(move |item| {
+        let tx = tx.clone();
+        let metrics = Arc::clone(&metrics);
+        async move {
+            let bytes = item?;
+            metrics.add_bytes_in(bytes.len() as u64);
+            // The checker only ever stops early on a mismatch, which fails the pack anyway.
+            let _ = tx.send(bytes.clone()).await;
+            Ok(bytes)
+        }
+    }));
+    let id = PackId::new();
+    // The row first: if this process dies while the bytes are stored, the janitor finds them.
+    state.meta.begin_pack(&id, size).await?;
+    let stored = state.blobs.put_pack(&id, teed, size, verify).await;
+    if !matches!(stored, Ok(true)) {
+        // Nothing was published, or nothing that will be named: forget the pack now.
+        let _ = state.meta.drop_pack(&id).await;
+    }
+    match stored {
+        Ok(true) => {}
+        Ok(false) => {
+            let why = failure.lock().ok().and_then(|w| w.clone());
+            tracing::info!(%repo, pack = %id, why, "pack refused");
+            return Err(match why {
+                Some(why) => invalid(ErrorCode::DigestInvalid, why),
+                None => invalid(
+                    ErrorCode::BlobUploadInvalid,
+                    "the pack's bytes did not arrive whole",
+                ),
+            });
+        }
+        Err(crate::storage::StorageError::BodyFailed(e)) => {
+            return Err(invalid(
+                ErrorCode::BlobUploadInvalid,
+                format!("the pack's bytes did not arrive whole: {e}"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if let Err(e) = state.meta.commit_pack(repo, &id, size, &packed).await {
+        // Not committed, so nothing names the pack: take its bytes back (the janitor would).
+        if state.blobs.delete_pack(&id).await.is_ok() {
+            let _ = state.meta.drop_pack(&id).await;
+        }
+        return Err(e.into());
+    }
+    state.metrics.record_pack(packed.len() as u64);
+    tracing::info!(%repo, pack = %id, chunks = packed.len(), bytes = size, "pack stored");
+    Ok(super::json(
+        StatusCode::CREATED,
+        &serde_json::json!({ "chunks": packed.len(), "bytes": size }),
+    ))
+}
+
+#[derive(Deserialize)]
+struct ReadRequest {
+    digests: Vec<Digest>,
+}
+
+/// A read of adjacent bytes: one range of one stored object.
+#[derive(Debug, PartialEq, Eq)]
+struct Segment {
+    /// The blob whose location this is (for a blob stored whole, the object itself).
+    digest: Digest,
+    location: BlobLocation,
+    range: ByteRange,
+}
+
+/// Reads of the chunks in order, adjacent ranges of one pack or blob merged into one.
+fn plan(
+    digests: &[Digest],
+    locations: &std::collections::HashMap<Digest, BlobLocation>,
+) -> Vec<Segment> {
+    let mut segments: Vec<Segment> = Vec::new();
+    for digest in digests {
+        let Some(location) = locations.get(digest) else {
+            continue;
+        };
+        if let (Some(last), Some((source, offset))) = (segments.last_mut(), &location.source) {
+            if let Some((last_source, last_offset)) = &last.location.source {
+                if last_source == source && last_offset + last.range.end == *offset {
+                    last.range.end += location.size;
+                    continue;
+                }
+            }
+        }
+        segments.push(Segment {
+            digest: digest.clone(),
+            location: location.clone(),
+            range: ByteRange {
+                start: 0,
+                end: location.size,
+            },
+        });
+    }
+    segments
+}
+
+/// `POST /v2/<name>/_vial/chunks` with `{"digests": [...]}`: the blobs' bytes end to end, in the
+/// order asked, in one response (404 `BLOB_UNKNOWN` naming any the repository lacks). The client
+/// knows the sizes and digests, and verifies each chunk as it arrives.
+pub(super) async fn read(
+    state: &AppState,
+    repo: &RepoName,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = super::vial::read_small_body(body, 1 << 20, "bulk read").await?;
+    let request: ReadRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        invalid(
+            ErrorCode::DigestInvalid,
+            format!("expected {{\"digests\": [...]}} with valid digests: {e}"),
+        )
+    })?;
+    if request.digests.is_empty() || request.digests.len() > MAX_PACK_CHUNKS {
+        return Err(invalid(
+            ErrorCode::SizeInvalid,
+            format!("ask for 1 to {MAX_PACK_CHUNKS} blobs at once"),
+        ));
+    }
+    let locations = state.meta.blob_locations(repo, &request.digests).await?;
+    let missing: Vec<&Digest> = request
+        .digests
+        .iter()
+        .filter(|d| !locations.contains_key(*d))
+        .collect();
+    if !missing.is_empty() {
+        return Err(ApiError::not_found(
+            ErrorCode::BlobUnknown,
+            format!("{} of the blobs asked for are not in {repo}", missing.len()),
+        )
+        .with_detail(serde_json::json!({ "missing": missing })));
+    }
+    let total: u64 = request
+        .digests
+        .iter()
+        .filter_map(|d| locations.get(d))
+        .map(|l| l.size)
+        .sum();
+    if total > MAX_PACK_BYTES {
+        return Err(invalid(
+            ErrorCode::SizeInvalid,
+            format!("a bulk read returns at most {MAX_PACK_BYTES} bytes"),
+        ));
+    }
+    let segments = plan(&request.digests, &locations);
+    let blobs = Arc::clone(&state.blobs);
+    let metrics = Arc::clone(&state.metrics);
+    let repo = repo.clone();
+    let stream = futures_util::stream::iter(segments)
+        .then(move |segment| {
+            let blobs = Arc::clone(&blobs);
+            let repo = repo.clone();
+            async move {
+                let read = crate::storage::read_located(
+                    &*blobs,
+                    &segment.digest,
+                    &segment.location,
+                    Some(segment.range),
+                )
+                .await;
+                match read {
+                    Ok(Some(stream)) => stream,
+                    Ok(None) => {
+                        tracing::error!(%repo, digest = %segment.digest, "blob is linked in metadata but missing from the blob store");
+                        let e = std::io::Error::other("a blob's bytes are missing");
+                        Box::pin(futures_util::stream::once(async move { Err(e) })) as ByteStream
+                    }
+                    Err(e) => {
+                        tracing::error!(%repo, error = %crate::error::error_chain(&e), "bulk read failed");
+                        let e = std::io::Error::other("storage failure");
+                        Box::pin(futures_util::stream::once(async move { Err(e) })) as ByteStream
+                    }
+                }
+            }
+        })
+        .flatten()
+        .inspect(move |chunk| {
+            if let Ok(bytes) = chunk {
+                metrics.add_bytes_out(bytes.len() as u64);
+            }
+        });
+    let mut r = (StatusCode::OK, Body::from_stream(stream)).into_response();
+    set_header(&mut r, "content-length", &total.to_string());
+    set_header(&mut r, "content-type", "application/octet-stream");
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Source;
+
+    fn d(n: u8) -> Digest {
+        vial_core::Algorithm::Sha256.digest_bytes(&[n])
+    }
+
+    #[test]
+    fn adjacent_ranges_of_one_pack_are_read_together() {
+        let pack = PackId::new();
+        let other = PackId::new();
+        let at = |source: &PackId, offset: u64, size: u64| BlobLocation {
+            size,
+            source: Some((Source::Pack(source.clone()), offset)),
+        };
+        let locations = std::collections::HashMap::from([
+            (d(1), at(&pack, 0, 10)),
+            (d(2), at(&pack, 10, 5)),
+            (d(3), at(&pack, 30, 5)),
+            (d(4), at(&other, 35, 5)),
+            (
+                d(5),
+                BlobLocation {
+                    size: 7,
+                    source: None,
+                },
+            ),
+        ]);
+        let segments = plan(&[d(1), d(2), d(3), d(4), d(5)], &locations);
+        let ranges: Vec<(u64, u64)> = segments
+            .iter()
+            .map(|s| (s.range.start, s.range.end))
+            .collect();
+        assert_eq!(ranges, [(0, 15), (0, 5), (0, 5), (0, 7)]);
+        assert_eq!(segments[0].digest, d(1));
+        // Asked in another order, nothing merges: bytes come back in the order asked.
+        assert_eq!(plan(&[d(2), d(1)], &locations).len(), 2);
+    }
+}
