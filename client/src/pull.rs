@@ -101,31 +101,43 @@ impl Writer {
         Ok(f)
     }
 
-    /// Checks a chunk against its digest, then writes it everywhere it goes.
+    /// Checks a chunk, as the frames it arrived in, against its digest, then writes it everywhere
+    /// it goes.
     fn put(
         &self,
         chunk: &vial_core::volume::ChunkRef,
-        bytes: &[u8],
+        frames: &[bytes::Bytes],
         places: &[(usize, u64)],
     ) -> Result<(), ClientError> {
-        if bytes.len() as u64 != chunk.size || !matches_digest(bytes, &chunk.digest) {
+        let len: u64 = frames.iter().map(|f| f.len() as u64).sum();
+        let mut hasher = chunk.digest.algorithm().hasher();
+        for f in frames {
+            hasher.update(f);
+        }
+        let actual = hasher.finish();
+        if len != chunk.size || actual != chunk.digest {
             return Err(ClientError::DigestMismatch {
                 what: format!("chunk of {} bytes", chunk.size),
                 expected: chunk.digest.clone(),
-                actual: chunk.digest.algorithm().digest_bytes(bytes),
+                actual,
             });
         }
         for &(file, offset) in places {
-            self.file(file)?
-                .write_all_at(bytes, offset)
-                .map_err(|e| ClientError::io(&self.targets[file].write_to, e))?;
+            let f = self.file(file)?;
+            let mut at = offset;
+            for frame in frames {
+                f.write_all_at(frame, at)
+                    .map_err(|e| ClientError::io(&self.targets[file].write_to, e))?;
+                at += frame.len() as u64;
+            }
         }
         Ok(())
     }
 }
 
-/// Fetches a run of chunks in one bulk read (or one by one from a registry without them), and
-/// verifies and writes each on a blocking thread.
+/// Fetches a run of chunks in one bulk read (or one by one from a registry without them). Each
+/// chunk is handed, as the frames it arrived in (no copy), to a blocking thread that checks its
+/// digest and then writes it: nothing is written before it is verified.
 async fn fetch_run(
     registry: &Registry,
     repo: &RepoName,
@@ -139,48 +151,78 @@ async fn fetch_run(
         .iter()
         .map(|(c, _)| tree.chunks[*c as usize].digest.clone())
         .collect();
-    let bytes = match registry.read_chunks(repo, &digests).await? {
-        Some(mut stream) => {
-            let total: u64 = run.iter().map(|(c, _)| tree.chunks[*c as usize].size).sum();
-            let mut buf = Vec::with_capacity(total as usize);
-            while let Some(frame) = stream.next().await {
-                buf.extend_from_slice(&frame?);
-                if buf.len() as u64 > total {
-                    break;
+    let len: u64 = run.iter().map(|(c, _)| tree.chunks[*c as usize].size).sum();
+    let run = Arc::new(run);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Vec<bytes::Bytes>)>(4);
+    let sink = {
+        let (tree, writer, run) = (Arc::clone(tree), Arc::clone(writer), Arc::clone(&run));
+        tokio::task::spawn_blocking(move || {
+            while let Some((i, frames)) = rx.blocking_recv() {
+                let (chunk, places) = &run[i];
+                writer.put(&tree.chunks[*chunk as usize], &frames, places)?;
+            }
+            Ok::<_, ClientError>(())
+        })
+    };
+    let received = async {
+        let Some(mut stream) = registry.read_chunks(repo, &digests).await? else {
+            // One request per chunk: what any OCI registry serves.
+            for (i, d) in digests.iter().enumerate() {
+                let bytes = registry.get_blob_unverified(repo, d, None).await?;
+                if tx.send((i, vec![bytes])).await.is_err() {
+                    break; // The writer failed; its error is reported.
                 }
             }
-            if buf.len() as u64 != total {
-                return Err(ClientError::InvalidVolume(format!(
-                    "a bulk read of {} chunks returned {} bytes, not {total}",
-                    run.len(),
-                    buf.len()
-                )));
+            return Ok(());
+        };
+        let size = |i: usize| run.get(i).map(|(c, _)| tree.chunks[*c as usize].size);
+        let (mut i, mut have) = (0, 0u64);
+        let mut frames: Vec<bytes::Bytes> = Vec::new();
+        loop {
+            // Hand over every chunk that is complete (chunks of zero bytes are at once).
+            while size(i) == Some(have) {
+                if tx.send((i, std::mem::take(&mut frames))).await.is_err() {
+                    return Ok(());
+                }
+                (i, have) = (i + 1, 0);
             }
-            bytes::Bytes::from(buf)
-        }
-        None => {
-            // One request per chunk: what any OCI registry serves.
-            let mut buf = Vec::new();
-            for d in &digests {
-                buf.extend_from_slice(&registry.get_blob(repo, d, None).await?);
+            let Some(frame) = stream.next().await else {
+                break;
+            };
+            let mut frame = frame?;
+            while !frame.is_empty() {
+                let Some(size) = size(i) else {
+                    return Err(ClientError::InvalidVolume(format!(
+                        "a bulk read of {} chunks returned more bytes than they hold",
+                        run.len()
+                    )));
+                };
+                let take = ((size - have) as usize).min(frame.len());
+                frames.push(frame.split_to(take));
+                have += take as u64;
+                if have == size {
+                    if tx.send((i, std::mem::take(&mut frames))).await.is_err() {
+                        return Ok(());
+                    }
+                    (i, have) = (i + 1, 0);
+                }
             }
-            bytes::Bytes::from(buf)
         }
-    };
-    let len = bytes.len() as u64;
-    let (tree, writer) = (Arc::clone(tree), Arc::clone(writer));
-    tokio::task::spawn_blocking(move || {
-        let mut at = 0usize;
-        for (chunk, places) in &run {
-            let c = &tree.chunks[*chunk as usize];
-            let end = at + c.size as usize;
-            writer.put(c, &bytes[at..end.min(bytes.len())], places)?;
-            at = end;
+        if i != run.len() {
+            return Err(ClientError::InvalidVolume(format!(
+                "a bulk read of {} chunks ended after {i}",
+                run.len()
+            )));
         }
-        Ok::<_, ClientError>(())
-    })
-    .await
-    .map_err(|e| ClientError::Invalid(format!("write task failed: {e}")))??;
+        Ok(())
+    }
+    .await;
+    drop(tx);
+    let written = sink
+        .await
+        .map_err(|e| ClientError::Invalid(format!("write task failed: {e}")))?;
+    received?;
+    written?;
     downloaded.fetch_add(len, Ordering::Relaxed);
     progress.event(Event::Transferred(len));
     Ok(())
