@@ -208,6 +208,7 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
         state.config.tls.is_some()
     ));
     state.gc_metrics.render(&mut text);
+    state.blobs.render_metrics(&mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 

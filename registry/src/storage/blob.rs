@@ -185,6 +185,9 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
         Ok(0)
     }
 
+    /// Appends the store's own counters to `/metrics` (an object store's requests, say).
+    fn render_metrics(&self, _out: &mut String) {}
+
     /// Whether the store is reachable, for readiness checks.
     async fn ping(&self) -> Result<(), StorageError> {
         Ok(())

@@ -104,6 +104,7 @@ impl S3Source {
             path_style: entry.path_style,
             credentials,
             read_timeout: Duration::from_secs(60),
+            count_requests: None,
         })
         .await;
         let mut prefix = prefix.trim_matches('/').to_owned();

@@ -31,6 +31,7 @@ use vial_core::Digest;
 
 mod multipart;
 mod packs;
+mod requests;
 
 use multipart::Multipart;
 
@@ -63,6 +64,8 @@ pub struct S3BlobStore {
     prefix: String,
     /// Set once the store has said it cannot list multipart uploads, so the janitor stops asking.
     cannot_list_uploads: Arc<AtomicBool>,
+    /// Requests sent, by method, for `/metrics`.
+    requests: Arc<requests::RequestCounts>,
 }
 
 impl std::fmt::Debug for S3BlobStore {
@@ -85,6 +88,8 @@ pub struct ClientSettings<'a> {
     pub path_style: Option<bool>,
     pub credentials: Option<aws_sdk_s3::config::Credentials>,
     pub read_timeout: Duration,
+    /// Where to count the requests sent, if anywhere.
+    pub count_requests: Option<Arc<requests::RequestCounts>>,
 }
 
 /// An S3 client for `settings`.
@@ -120,6 +125,9 @@ pub async fn client(settings: &ClientSettings<'_>) -> Client {
     if shared.region().is_none() {
         builder = builder.region(Region::new("us-east-1"));
     }
+    if let Some(counts) = &settings.count_requests {
+        builder = builder.interceptor(requests::CountRequests(Arc::clone(counts)));
+    }
     Client::from_conf(builder.build())
 }
 
@@ -129,12 +137,14 @@ impl S3BlobStore {
     /// gets path-style addressing unless the URL says otherwise, since that is what self-hosted
     /// servers (MinIO, Garage, s3s) expect.
     pub async fn open(location: &S3Location) -> Result<Self, StorageError> {
+        let requests = Arc::new(requests::RequestCounts::default());
         let client = client(&ClientSettings {
             endpoint: location.endpoint.as_deref(),
             region: location.region.as_deref(),
             path_style: location.path_style,
             credentials: None,
             read_timeout: Duration::from_secs(60),
+            count_requests: Some(Arc::clone(&requests)),
         })
         .await;
         let mut prefix = location.prefix.trim_matches('/').to_owned();
@@ -146,6 +156,7 @@ impl S3BlobStore {
             bucket: location.bucket.clone(),
             prefix,
             cannot_list_uploads: Arc::new(AtomicBool::new(false)),
+            requests,
         })
     }
 
@@ -756,6 +767,10 @@ impl BlobStore for S3BlobStore {
             aborted += 1;
         }
         Ok(aborted)
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        self.requests.render(out);
     }
 
     async fn ping(&self) -> Result<(), StorageError> {
