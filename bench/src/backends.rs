@@ -43,19 +43,19 @@ pub struct BackendsArgs {
     pub json: Option<PathBuf>,
 }
 
-const ACCESS_KEY: &str = "vial-bench";
-const SECRET_KEY: &str = "vial-bench-secret";
-const BUCKET: &str = "vial-bench";
+pub(crate) const ACCESS_KEY: &str = "vial-bench";
+pub(crate) const SECRET_KEY: &str = "vial-bench-secret";
+pub(crate) const BUCKET: &str = "vial-bench";
 
 /// A throwaway PostgreSQL cluster, stopped on drop.
-struct Postgres {
+pub(crate) struct Postgres {
     bin: PathBuf,
     data: PathBuf,
     port: u16,
 }
 
 impl Postgres {
-    fn start(bin: &Path, dir: &Path) -> Result<Postgres> {
+    pub(crate) fn start(bin: &Path, dir: &Path) -> Result<Postgres> {
         let data = dir.join("pg");
         std::fs::create_dir_all(&data)?;
         let chown = Command::new("chown")
@@ -119,7 +119,7 @@ impl Postgres {
         Ok(pg)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/vial", self.port)
     }
 }
@@ -136,7 +136,7 @@ impl Drop for Postgres {
     }
 }
 
-async fn start_s3(bin: &Path, dir: &Path) -> Result<Server> {
+pub(crate) async fn start_s3(bin: &Path, dir: &Path) -> Result<Server> {
     std::fs::create_dir_all(dir.join("data").join(BUCKET))?;
     let port = servers::free_port()?;
     let mut cmd = Command::new(bin);

@@ -72,7 +72,7 @@ struct Results {
 }
 
 /// Fills `path` with `len` pseudo-random bytes (xorshift: fast, incompressible, reproducible).
-fn write_random(path: &Path, len: u64, seed: u64) -> Result<()> {
+pub(crate) fn write_random(path: &Path, len: u64, seed: u64) -> Result<()> {
     let mut out = std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(path)?);
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut block = vec![0u8; 8 << 20];

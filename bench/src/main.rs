@@ -11,6 +11,7 @@ mod checkpoint;
 mod containerd;
 mod cri;
 mod data;
+mod files;
 mod manifests;
 mod mount;
 mod mounted;
@@ -47,6 +48,12 @@ enum Command {
     /// containerd: pull to the first byte of a file, a volume through `vial snapshotter` against
     /// the same files baked into an image layer on overlayfs.
     Containerd(containerd::ContainerdArgs),
+    /// Is vial at least as fast as shipping the files? Push, pull and a full read through a mount
+    /// against skopeo, the ORAS Python SDK and a file-per-layer client, per backend.
+    Files(files::FilesArgs),
+    /// The file-per-layer client `files` measures (run by the benchmark itself).
+    #[command(hide = true)]
+    FilesClient(files::ClientArgs),
 }
 
 #[derive(Debug, Args)]
@@ -149,6 +156,8 @@ fn main() -> Result<()> {
                 Command::Mount(args) => mount::mount(args).await,
                 Command::Backends(args) => backends::backends(args).await,
                 Command::Containerd(args) => containerd::containerd(args).await,
+                Command::Files(args) => files::files(args).await,
+                Command::FilesClient(args) => files::client(args).await,
             }
         };
         tokio::select! {

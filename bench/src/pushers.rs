@@ -25,7 +25,7 @@ use crate::servers::{log_tail, Server};
 const RSS_EVERY: Duration = Duration::from_millis(50);
 
 /// The ORAS Python SDK push, one layer per file, run with the checkpoint as its working directory.
-const ORAS_SCRIPT: &str = r#"
+pub(crate) const ORAS_SCRIPT: &str = r#"
 import sys
 import oras.client
 host, target, files = sys.argv[1], sys.argv[2], sys.argv[3:]

@@ -191,6 +191,7 @@ pub async fn push(
     let mib_limit = Arc::new(Semaphore::new(
         ((options.max_in_flight >> 20).max(16)) as usize,
     ));
+    let pool = BufferPool::default();
     let mut closed = false;
     while !closed {
         // Take everything available, then flush a batch if it is full or the hashers paused.
@@ -253,16 +254,17 @@ pub async fn push(
                     .acquire_owned()
                     .await
                     .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
-                let (registry, repo, stats, progress) = (
+                let (registry, repo, stats, progress, pool) = (
                     registry.clone(),
                     repo.clone(),
                     Arc::clone(&stats),
                     Arc::clone(&progress),
+                    pool.clone(),
                 );
                 progress.event(Event::Needed(len));
                 uploads.spawn(async move {
                     let _held = (bytes_permit, count_permit);
-                    upload_group(&registry, &repo, &group, &stats, &*progress).await
+                    upload_group(&registry, &repo, &group, &stats, &*progress, &pool).await
                 });
                 // Surface upload failures early instead of after the whole scan.
                 while let Some(done) = uploads.try_join_next() {
@@ -484,9 +486,10 @@ async fn upload_group(
     group: &[ChunkLoc],
     stats: &Stats,
     progress: &dyn Progress,
+    pool: &BufferPool,
 ) -> Result<(), ClientError> {
     let sent = if group.len() > 1 {
-        let parts = read_chunks(group.to_vec()).await?;
+        let parts = read_chunks(group.to_vec(), pool).await?;
         let list: Vec<(Digest, u64)> = group.iter().map(|c| (c.digest.clone(), c.len)).collect();
         match registry.push_pack(repo, &list, parts).await {
             Ok(sent) => sent,
@@ -521,28 +524,109 @@ async fn upload_group(
     Ok(())
 }
 
-/// The bytes of `chunks`, read on a blocking thread, each file opened once.
-async fn read_chunks(chunks: Vec<ChunkLoc>) -> Result<Vec<Bytes>, ClientError> {
+/// The bytes of `chunks` as one buffer from `pool` (and each chunk's slice of it), read on a
+/// blocking thread: each file opened once, each run of adjacent chunks read with one call.
+async fn read_chunks(chunks: Vec<ChunkLoc>, pool: &BufferPool) -> Result<Vec<Bytes>, ClientError> {
+    let pool = pool.clone();
     tokio::task::spawn_blocking(move || -> Result<Vec<Bytes>, ClientError> {
+        let total: u64 = chunks.iter().map(|c| c.len).sum();
+        let mut buf = pool.take(total as usize);
         let mut open: Option<(Arc<PathBuf>, File)> = None;
-        let mut parts = Vec::with_capacity(chunks.len());
-        for c in &chunks {
+        let mut at = 0usize;
+        let mut i = 0;
+        while i < chunks.len() {
+            // The run of chunks from `i` that sit end to end in the same file.
+            let first = &chunks[i];
+            let mut end = i + 1;
+            let mut len = first.len;
+            while let Some(c) = chunks.get(end) {
+                if !Arc::ptr_eq(&c.abs, &first.abs) || c.offset != first.offset + len {
+                    break;
+                }
+                len += c.len;
+                end += 1;
+            }
             let file = match &open {
-                Some((path, file)) if Arc::ptr_eq(path, &c.abs) => file,
+                Some((path, file)) if Arc::ptr_eq(path, &first.abs) => file,
                 _ => {
-                    let file = File::open(&*c.abs).map_err(|e| ClientError::io(&*c.abs, e))?;
-                    &open.insert((Arc::clone(&c.abs), file)).1
+                    let file =
+                        File::open(&*first.abs).map_err(|e| ClientError::io(&*first.abs, e))?;
+                    &open.insert((Arc::clone(&first.abs), file)).1
                 }
             };
-            let mut buf = vec![0u8; c.len as usize];
-            file.read_exact_at(&mut buf, c.offset)
-                .map_err(|e| ClientError::io(&*c.abs, e))?;
-            parts.push(Bytes::from(buf));
+            file.read_exact_at(&mut buf[at..at + len as usize], first.offset)
+                .map_err(|e| ClientError::io(&*first.abs, e))?;
+            at += len as usize;
+            i = end;
+        }
+        let whole = pool.freeze(buf, total as usize);
+        let mut parts = Vec::with_capacity(chunks.len());
+        let mut at = 0usize;
+        for c in &chunks {
+            parts.push(whole.slice(at..at + c.len as usize));
+            at += c.len as usize;
         }
         Ok(parts)
     })
     .await
     .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))?
+}
+
+/// Pack-sized buffers, reused. Memory a process touches for the first time costs a page fault per
+/// 4 KiB (about a second of system time per GiB on a VM here); a first push reads every new byte
+/// into a pack body, so those bodies reuse the few buffers the in-flight bound allows.
+#[derive(Clone, Default)]
+struct BufferPool(Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
+
+/// Buffers kept for reuse at most; more than the in-flight bound ever needs at once.
+const POOLED: usize = 8;
+
+impl BufferPool {
+    /// A buffer of at least `len` initialised bytes.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut buf = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        buf
+    }
+
+    /// The first `len` bytes of `buf` as [`Bytes`]; the buffer returns to the pool when the last
+    /// clone or slice of them is dropped.
+    fn freeze(&self, buf: Vec<u8>, len: usize) -> Bytes {
+        Bytes::from_owner(Pooled {
+            buf,
+            len,
+            pool: self.clone(),
+        })
+    }
+}
+
+struct Pooled {
+    buf: Vec<u8>,
+    len: usize,
+    pool: BufferPool,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        let mut pool = self.pool.0.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < POOLED {
+            pool.push(buf);
+        }
+    }
 }
 
 async fn upload_chunk(
