@@ -1,0 +1,900 @@
+//! The `files` benchmark: is vial at least as fast as shipping the files? A checkpoint pushed,
+//! pulled and read whole through a mount with vial, against the same files shipped as plain
+//! layers (one layer per file) by skopeo, the ORAS Python SDK and a minimal file-per-layer client
+//! (the ceiling: monolithic uploads, parallel GETs, one stream per file), side by side against
+//! one registry per backend, with wall and CPU seconds for every row. See bench/README.md.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+use crate::backends::{start_s3, Postgres, ACCESS_KEY, BUCKET, SECRET_KEY};
+use crate::checkpoint::{Case, Generator};
+use crate::mounted::{drop_page_cache, MountSpec, Mounted};
+use crate::report::{num, table, times, Goal};
+use crate::run::{machine, sync_disk};
+use crate::servers::{self, Server, WorkDir};
+use crate::{pushers, rss};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+#[derive(Debug, Args)]
+pub struct FilesArgs {
+    /// The `vial` binary: registry, push, pull and mount.
+    #[arg(long)]
+    pub vial: PathBuf,
+    /// Checkpoint sizes in GiB. Default 4,8 (1 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<f64>,
+    /// Safetensors shards per checkpoint.
+    #[arg(long, default_value_t = 4)]
+    pub shards: usize,
+    /// Registry backends: `disk` (SQLite + files, the default) and `s3` (PostgreSQL + s3s-fs).
+    #[arg(long, value_delimiter = ',', default_value = "disk,s3")]
+    pub backends: Vec<String>,
+    /// Concurrent 1 GiB `vial push`es for the registry's memory under load (0 skips).
+    #[arg(long)]
+    pub concurrent: Option<usize>,
+    /// A python with the ORAS SDK installed (scripts/test-all makes this venv).
+    #[arg(long, default_value = ".venv/bin/python")]
+    pub python: PathBuf,
+    /// The skopeo binary.
+    #[arg(long, default_value = "skopeo")]
+    pub skopeo: PathBuf,
+    /// The curl binary the file-per-layer client and the unverified pull use.
+    #[arg(long, default_value = "curl")]
+    pub curl: PathBuf,
+    /// The S3-compatible server for the `s3` backend (scripts/test-all builds it).
+    #[arg(long, default_value = ".ci/tools/bin/s3s-fs")]
+    pub s3s_fs: PathBuf,
+    /// PostgreSQL's server binaries (initdb, postgres) for the `s3` backend.
+    #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
+    pub pg_bin: PathBuf,
+    /// Where checkpoints, registries and logs go (a fresh directory under it, removed at the end).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Also write every row and goal as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// 1 GiB only and 4 concurrent pushes: a few minutes instead of about twenty.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+/// One timed operation by one client.
+#[derive(Debug, Default, Clone, Serialize)]
+struct Row {
+    op: String,
+    client: String,
+    seconds: Option<f64>,
+    /// The client's user + system CPU seconds.
+    client_cpu: Option<f64>,
+    /// The registry's CPU seconds during the operation.
+    registry_cpu: Option<f64>,
+    /// The client's peak RSS, MiB.
+    rss_mib: Option<f64>,
+    /// Object-store requests the registry sent, by HTTP method (S3 backend).
+    s3: BTreeMap<String, u64>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct SizeRun {
+    backend: String,
+    gib: f64,
+    bytes: u64,
+    rows: Vec<Row>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Results {
+    machine: crate::report::Machine,
+    runs: Vec<SizeRun>,
+    concurrent: Option<Concurrent>,
+    goals: Vec<Goal>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Concurrent {
+    pushes: usize,
+    seconds: f64,
+    registry_peak_rss_mib: f64,
+}
+
+/// A registry to measure against: `vial serve` on one backend, with what it needs.
+struct Registry {
+    server: Server,
+    _pg: Option<Postgres>,
+    _s3: Option<Server>,
+}
+
+impl Registry {
+    async fn start(args: &FilesArgs, backend: &str, dir: &Path) -> Result<Registry> {
+        if backend == "disk" {
+            return Ok(Registry {
+                server: servers::start_vial(&args.vial, &dir.join("registry"))?,
+                _pg: None,
+                _s3: None,
+            });
+        }
+        let pg = Postgres::start(&args.pg_bin, &dir.join("postgres"))?;
+        let s3 = start_s3(&args.s3s_fs, &dir.join("s3")).await?;
+        let env = vec![
+            (
+                "AWS_ENDPOINT_URL",
+                s3.base.as_str().trim_end_matches('/').to_owned(),
+            ),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.to_owned()),
+            ("AWS_REGION", "us-east-1".to_owned()),
+        ];
+        let args_ = vec![
+            "--metadata-url".to_owned(),
+            pg.url(),
+            "--blob-url".to_owned(),
+            format!("s3://{BUCKET}/files"),
+        ];
+        let server = servers::start_vial_with(&args.vial, &dir.join("registry"), &args_, &env)?;
+        Ok(Registry {
+            server,
+            _pg: Some(pg),
+            _s3: Some(s3),
+        })
+    }
+
+    fn host(&self) -> Result<String> {
+        pushers::host(&self.server)
+    }
+
+    async fn s3_requests(&self) -> BTreeMap<String, u64> {
+        let Ok(text) = reqwest::get(
+            self.server
+                .url("metrics")
+                .map(|u| u.to_string())
+                .unwrap_or_default(),
+        )
+        .await
+        else {
+            return BTreeMap::new();
+        };
+        let text = text.text().await.unwrap_or_default();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("vial_s3_requests_total{method=\""))
+            .filter_map(|l| {
+                let (method, rest) = l.split_once("\"}")?;
+                Some((method.to_owned(), rest.trim().parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+/// User + system CPU seconds of a process so far.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Runs `program args` under `/usr/bin/time`, timing it and reading its CPU and peak memory.
+fn timed(
+    program: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+    log: &Path,
+) -> Result<(f64, f64, f64)> {
+    timed_in(program, args, env, log, None)
+}
+
+/// [`timed`], run in `cwd`.
+fn timed_in(
+    program: &Path,
+    args: &[String],
+    env: &[(&str, String)],
+    log: &Path,
+    cwd: Option<&Path>,
+) -> Result<(f64, f64, f64)> {
+    let times = log.with_extension("time");
+    let mut cmd = Command::new("/usr/bin/time");
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    let status = cmd
+        .args(["-f", "%e %U %S %M", "-o"])
+        .arg(&times)
+        .arg(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("VIAL_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .status()
+        .with_context(|| format!("could not run {}", program.display()))?;
+    if !status.success() {
+        bail!(
+            "{} failed ({status}); see {}",
+            program.display(),
+            log.display()
+        );
+    }
+    let text = std::fs::read_to_string(&times)?;
+    let v: Vec<f64> = text
+        .lines()
+        .last()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    match v.as_slice() {
+        [wall, user, sys, rss_kib] => Ok((*wall, user + sys, rss_kib / 1024.0)),
+        _ => bail!("unreadable /usr/bin/time output {text:?}"),
+    }
+}
+
+/// Times one client operation against the registry, recording everything a row holds.
+async fn row(
+    reg: &Registry,
+    op: &str,
+    client: &str,
+    cold: bool,
+    run: impl FnOnce() -> Result<(f64, f64, f64)>,
+) -> Row {
+    let mut r = Row {
+        op: op.into(),
+        client: client.into(),
+        ..Row::default()
+    };
+    if cold {
+        let _ = sync_disk();
+        if let Err(e) = drop_page_cache() {
+            r.error = Some(format!("cannot drop the page cache: {e:#}"));
+            return r;
+        }
+    }
+    let before = reg.s3_requests().await;
+    let cpu_before = cpu_seconds(reg.server.pid());
+    match run() {
+        Ok((wall, cpu, rss)) => {
+            r.seconds = Some(wall);
+            r.client_cpu = Some(cpu);
+            r.rss_mib = Some(rss);
+        }
+        Err(e) => {
+            eprintln!("vial-bench: {op} with {client} failed: {e:#}");
+            r.error = Some(format!("{e:#}"));
+        }
+    }
+    r.registry_cpu = cpu_seconds(reg.server.pid())
+        .zip(cpu_before)
+        .map(|(a, b)| a - b);
+    let after = reg.s3_requests().await;
+    r.s3 = after
+        .into_iter()
+        .map(|(m, n)| {
+            let d = n.saturating_sub(before.get(&m).copied().unwrap_or(0));
+            (m, d)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    r
+}
+
+const ORAS_PULL: &str = r#"
+import os, sys, oras.client
+host, target, outdir = sys.argv[1:4]
+client = oras.client.OrasClient(hostname=host, insecure=True)
+client.pull(target=target, outdir=outdir)
+"#;
+
+async fn run_size(
+    args: &FilesArgs,
+    backend: &str,
+    gib: f64,
+    work: &Path,
+    bench: &Path,
+) -> Result<SizeRun> {
+    let label = format!("{backend}-{gib}g").replace('.', "_");
+    let dir = work.join(&label);
+    std::fs::create_dir_all(&dir)?;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    eprintln!(
+        "vial-bench: {label}: generating a {gib} GiB checkpoint in {} shards",
+        args.shards
+    );
+    let generator = Generator::new((gib * GIB) as u64, args.shards)?;
+    let ckpt = dir.join("ckpt");
+    let g = generator.write(Case::Base, &ckpt, &ckpt)?;
+    let names = pushers::file_names(&ckpt)?;
+    let files: Vec<PathBuf> = names.iter().map(|n| ckpt.join(n)).collect();
+    let digests: Vec<String> = files
+        .iter()
+        .map(|f| {
+            std::fs::read(f).map(|b| vial_core::Algorithm::Sha256.digest_bytes(&b).to_string())
+        })
+        .collect::<std::io::Result<_>>()?;
+    let layout = dir.join("layout");
+    let mut cache = pushers::DigestCache::default();
+    pushers::build_layout(&ckpt, &layout, "v1", &mut cache)?;
+
+    let reg = Registry::start(args, backend, &dir).await?;
+    let host = reg.host()?;
+    let base = format!("http://{host}");
+    let mut run = SizeRun {
+        backend: backend.into(),
+        gib,
+        bytes: g.bytes,
+        rows: Vec::new(),
+    };
+    let home = dir.join("home");
+    let env = vec![
+        ("HOME", home.display().to_string()),
+        ("XDG_CACHE_HOME", home.join("cache").display().to_string()),
+    ];
+    let s = |x: &str| x.to_owned();
+
+    // Pushes: each client into its own repository of the same registry.
+    let mut client_args = vec![
+        s("files-client"),
+        s("push"),
+        s("--base"),
+        base.clone(),
+        s("--repo"),
+        s("files/ceiling"),
+    ];
+    for (f, d) in files.iter().zip(&digests) {
+        client_args.extend([
+            s("--file"),
+            f.display().to_string(),
+            s("--digest"),
+            d.clone(),
+        ]);
+    }
+    run.rows.push(
+        row(&reg, "push", "file-per-layer", true, || {
+            timed(bench, &client_args, &[], &logs.join("ceiling-push.log"))
+        })
+        .await,
+    );
+    run.rows.push(
+        row(&reg, "push", "skopeo", true, || {
+            timed(
+                &args.skopeo,
+                &[
+                    s("--insecure-policy"),
+                    s("copy"),
+                    s("--dest-tls-verify=false"),
+                    s("--preserve-digests"),
+                    format!("oci:{}:v1", layout.display()),
+                    format!("docker://{host}/files/skopeo:v1"),
+                ],
+                &[],
+                &logs.join("skopeo-push.log"),
+            )
+        })
+        .await,
+    );
+    let mut oras_args = vec![
+        s("-c"),
+        s(pushers::ORAS_SCRIPT),
+        host.clone(),
+        format!("{host}/files/oras:v1"),
+    ];
+    // Relative names, from the checkpoint directory: they become the layers' titles.
+    oras_args.extend(names.iter().cloned());
+    run.rows.push(
+        row(&reg, "push", "oras-py", true, || {
+            timed_in(
+                &args.python,
+                &oras_args,
+                &[],
+                &logs.join("oras-push.log"),
+                Some(&ckpt),
+            )
+        })
+        .await,
+    );
+    let vial_push = vec![
+        s("push"),
+        ckpt.display().to_string(),
+        format!("{host}/files/vial"),
+        s("--tag"),
+        s("v1"),
+    ];
+    run.rows.push(
+        row(&reg, "push", "vial", true, || {
+            timed(&args.vial, &vial_push, &env, &logs.join("vial-push.log"))
+        })
+        .await,
+    );
+
+    // Pulls, with the registry's data cold (page cache dropped) and warm (read just before).
+    for (op, cold) in [("pull (cold)", true), ("pull (warm)", false)] {
+        let out = dir.join("out");
+        let fresh = || {
+            let _ = std::fs::remove_dir_all(&out);
+            std::fs::create_dir_all(&out)
+        };
+        fresh()?;
+        let mut pull_args = vec![
+            s("files-client"),
+            s("pull"),
+            s("--base"),
+            base.clone(),
+            s("--repo"),
+            s("files/ceiling"),
+            s("--out"),
+            out.display().to_string(),
+        ];
+        for (n, d) in names.iter().zip(&digests) {
+            pull_args.extend([s("--name"), n.clone(), s("--digest"), d.clone()]);
+        }
+        run.rows.push(
+            row(&reg, op, "file-per-layer", cold, || {
+                timed(bench, &pull_args, &[], &logs.join("ceiling-pull.log"))
+            })
+            .await,
+        );
+        fresh()?;
+        // curl: the transfer alone, nothing verified (a reference, not a peer).
+        let mut curl_args = vec![s("-s"), s("--parallel"), s("--parallel-max"), s("16")];
+        for (n, d) in names.iter().zip(&digests) {
+            curl_args.extend([
+                s("-o"),
+                out.join(n).display().to_string(),
+                format!("{base}/v2/files/ceiling/blobs/{d}"),
+            ]);
+        }
+        run.rows.push(
+            row(&reg, op, "curl (unverified)", cold, || {
+                timed(&args.curl, &curl_args, &[], &logs.join("curl-pull.log"))
+            })
+            .await,
+        );
+        fresh()?;
+        run.rows.push(
+            row(&reg, op, "skopeo", cold, || {
+                timed(
+                    &args.skopeo,
+                    &[
+                        s("--insecure-policy"),
+                        s("copy"),
+                        s("--src-tls-verify=false"),
+                        format!("docker://{host}/files/skopeo:v1"),
+                        format!("oci:{}:v1", out.join("layout").display()),
+                    ],
+                    &[],
+                    &logs.join("skopeo-pull.log"),
+                )
+            })
+            .await,
+        );
+        fresh()?;
+        run.rows.push(
+            row(&reg, op, "oras-py", cold, || {
+                timed(
+                    &args.python,
+                    &[
+                        s("-c"),
+                        s(ORAS_PULL),
+                        host.clone(),
+                        format!("{host}/files/oras:v1"),
+                        out.display().to_string(),
+                    ],
+                    &[],
+                    &logs.join("oras-pull.log"),
+                )
+            })
+            .await,
+        );
+        fresh()?;
+        let vial_pull = vec![
+            s("pull"),
+            format!("{host}/files/vial:v1"),
+            out.display().to_string(),
+        ];
+        run.rows.push(
+            row(&reg, op, "vial", cold, || {
+                timed(&args.vial, &vial_pull, &env, &logs.join("vial-pull.log"))
+            })
+            .await,
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    // A cold full read through a mount: empty node cache, page cache dropped, every file read
+    // with 4 MiB reads, all at once.
+    let mountpoint = dir.join("mnt");
+    let spec = MountSpec {
+        vial: args.vial.clone(),
+        reference: format!("{host}/files/vial:v1"),
+        cache_dir: dir.join("node-cache"),
+        cache_size: "64GiB".into(),
+        prefetch: "none",
+        log: logs.join("mount.log"),
+    };
+    let mut mount_row = Row {
+        op: "full read".into(),
+        client: "vial mount".into(),
+        ..Row::default()
+    };
+    match Mounted::mount(&spec, &mountpoint) {
+        Ok(m) => {
+            let _ = sync_disk();
+            drop_page_cache()?;
+            let paths: Vec<PathBuf> = names.iter().map(|n| mountpoint.join(n)).collect();
+            let reg_before = cpu_seconds(reg.server.pid());
+            let mount_before = m.pid.and_then(cpu_seconds);
+            let s3_before = reg.s3_requests().await;
+            let started = std::time::Instant::now();
+            match m.read_files(&paths, paths.len()) {
+                Ok((_, peak)) => {
+                    mount_row.seconds = Some(started.elapsed().as_secs_f64());
+                    mount_row.rss_mib = peak.map(|k| k as f64 / 1024.0);
+                }
+                Err(e) => mount_row.error = Some(format!("{e:#}")),
+            }
+            mount_row.client_cpu = m
+                .pid
+                .and_then(cpu_seconds)
+                .zip(mount_before)
+                .map(|(a, b)| a - b);
+            mount_row.registry_cpu = cpu_seconds(reg.server.pid())
+                .zip(reg_before)
+                .map(|(a, b)| a - b);
+            let s3_after = reg.s3_requests().await;
+            mount_row.s3 = s3_after
+                .into_iter()
+                .map(|(k, n)| {
+                    let d = n.saturating_sub(s3_before.get(&k).copied().unwrap_or(0));
+                    (k, d)
+                })
+                .filter(|(_, d)| *d > 0)
+                .collect();
+            let _ = m.unmount();
+        }
+        Err(e) => mount_row.error = Some(format!("{e:#}")),
+    }
+    run.rows.push(mount_row);
+    drop(reg);
+    std::fs::remove_dir_all(&dir)?;
+    Ok(run)
+}
+
+/// `n` concurrent `vial push`es of distinct 1 GiB directories; the registry's peak RSS.
+async fn concurrent(args: &FilesArgs, n: usize, work: &Path) -> Result<Concurrent> {
+    let dir = work.join("concurrent");
+    eprintln!("vial-bench: writing {n} distinct 1 GiB checkpoints");
+    for i in 0..n {
+        let d = dir.join(format!("c{i}"));
+        std::fs::create_dir_all(&d)?;
+        crate::containerd::write_random(&d.join("weights.bin"), 1 << 30, 9000 + i as u64)?;
+    }
+    let server = servers::start_vial(&args.vial, &dir.join("registry"))?;
+    let host = pushers::host(&server)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = rss::sampler(server.pid(), Arc::clone(&stop), Duration::from_millis(100));
+    let started = std::time::Instant::now();
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            Command::new(&args.vial)
+                .arg("push")
+                .arg(dir.join(format!("c{i}")))
+                .arg(format!("{host}/concurrent/c{i}"))
+                .env("HOME", dir.join("home"))
+                .env("VIAL_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()?;
+    for mut c in children {
+        let status = c.wait()?;
+        if !status.success() {
+            bail!("a concurrent push failed ({status})");
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (peak_kib, _) = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("RSS sampler panicked"))?;
+    let hwm = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    server.stop_and_delete()?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(Concurrent {
+        pushes: n,
+        seconds,
+        registry_peak_rss_mib: peak_kib.max(hwm) as f64 / 1024.0,
+    })
+}
+
+pub async fn files(mut args: FilesArgs) -> Result<()> {
+    if args.sizes.is_empty() {
+        args.sizes = if args.quick {
+            vec![1.0]
+        } else {
+            vec![4.0, 8.0]
+        };
+    }
+    // The clients run in other directories: make the tool paths absolute, without resolving
+    // symlinks (a venv's python is a symlink, and resolving it leaves the venv).
+    for tool in [&mut args.python, &mut args.s3s_fs] {
+        if tool.is_relative() && tool.exists() {
+            *tool = std::path::absolute(&*tool)?;
+        }
+    }
+    let bench = std::env::current_exe().context("cannot find vial-bench itself")?;
+    let parent = args.workdir.clone().unwrap_or_else(servers::default_parent);
+    let work = WorkDir::create(&parent, false)?;
+    let mut results = Results {
+        machine: machine(),
+        ..Results::default()
+    };
+    for backend in args.backends.clone() {
+        for &gib in &args.sizes.clone() {
+            match run_size(&args, &backend, gib, &work.path, &bench).await {
+                Ok(r) => results.runs.push(r),
+                Err(e) => eprintln!("vial-bench: {backend} {gib} GiB failed: {e:#}"),
+            }
+        }
+    }
+    let n = args.concurrent.unwrap_or(if args.quick { 4 } else { 16 });
+    if n > 0 {
+        match concurrent(&args, n, &work.path).await {
+            Ok(c) => results.concurrent = Some(c),
+            Err(e) => eprintln!("vial-bench: concurrent pushes failed: {e:#}"),
+        }
+    }
+    report(&mut results);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&results)?)?;
+    }
+    Ok(())
+}
+
+fn fastest<'a>(rows: &'a [Row], op: &str, peers: &[&str]) -> Option<&'a Row> {
+    rows.iter()
+        .filter(|r| r.op == op && peers.contains(&r.client.as_str()) && r.seconds.is_some())
+        .min_by(|a, b| {
+            a.seconds
+                .unwrap_or(f64::MAX)
+                .total_cmp(&b.seconds.unwrap_or(f64::MAX))
+        })
+}
+
+fn find<'a>(rows: &'a [Row], op: &str, client: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.op == op && r.client == client)
+}
+
+fn report(results: &mut Results) {
+    const PEERS: [&str; 3] = ["file-per-layer", "skopeo", "oras-py"];
+    let mut goals = Vec::new();
+    for run in &results.runs {
+        let gib = run.bytes as f64 / GIB;
+        let rows: Vec<Vec<String>> = run
+            .rows
+            .iter()
+            .map(|r| {
+                let peer = fastest(&run.rows, &r.op, &PEERS);
+                let s3: Vec<String> =
+                    r.s3.iter()
+                        .map(|(m, n)| format!("{m} {:.1}", *n as f64 / gib))
+                        .collect();
+                vec![
+                    r.op.clone(),
+                    r.client.clone(),
+                    num(r.seconds, 2),
+                    times(
+                        peer.and_then(|p| p.seconds)
+                            .zip(r.seconds)
+                            .map(|(p, s)| p / s),
+                    ),
+                    num(r.client_cpu, 2),
+                    num(r.registry_cpu, 2),
+                    num(r.rss_mib, 0),
+                    if s3.is_empty() {
+                        "-".into()
+                    } else {
+                        s3.join(", ")
+                    },
+                    r.error
+                        .clone()
+                        .map(|e| e.chars().take(60).collect())
+                        .unwrap_or_default(),
+                ]
+            })
+            .collect();
+        table(
+            &format!("{} GiB ({} backend): wall and CPU seconds; 'vs fastest peer' above 1 means faster than the fastest file-per-layer client", run.gib, run.backend),
+            &["op", "client", "wall s", "vs fastest peer", "client CPU s", "registry CPU s", "client RSS MiB", "S3 requests per GiB", "error"],
+            &rows,
+        );
+        let label = format!("{} GiB {}", run.gib, run.backend);
+        let ratio_goal = |goals: &mut Vec<Goal>,
+                          what: &str,
+                          op: &str,
+                          mine: Option<&Row>,
+                          against: Option<&Row>| {
+            let r = mine
+                .and_then(|m| m.seconds)
+                .zip(against.and_then(|a| a.seconds))
+                .map(|(m, a)| a / m);
+            goals.push(Goal {
+                goal: format!("{label}: {what} >= 1.0x"),
+                pass: r.map(|r| r >= 1.0),
+                detail: format!(
+                    "{} against {} ({op})",
+                    times(r),
+                    against.map_or("n/a".into(), |a| a.client.clone())
+                ),
+            });
+        };
+        for op in ["push", "pull (cold)", "pull (warm)"] {
+            ratio_goal(
+                &mut goals,
+                &format!("vial {op} vs the fastest file-per-layer client"),
+                op,
+                find(&run.rows, op, "vial"),
+                fastest(&run.rows, op, &PEERS),
+            );
+        }
+        ratio_goal(
+            &mut goals,
+            "cold full read through vial mount vs that pull",
+            "full read",
+            find(&run.rows, "full read", "vial mount"),
+            fastest(&run.rows, "pull (cold)", &PEERS),
+        );
+        if run.backend == "s3" {
+            let puts = find(&run.rows, "push", "vial")
+                .and_then(|r| r.s3.get("PUT"))
+                .copied();
+            goals.push(Goal {
+                goal: format!("{label}: S3 PUTs per GiB of new data <= 32"),
+                pass: puts.map(|p| p as f64 / gib <= 32.0),
+                detail: format!("{:.1} per GiB", puts.unwrap_or(0) as f64 / gib),
+            });
+        }
+        let rss = run
+            .rows
+            .iter()
+            .filter(|r| r.client == "vial")
+            .filter_map(|r| r.rss_mib)
+            .fold(0.0f64, f64::max);
+        goals.push(Goal {
+            goal: format!("{label}: vial push/pull client RSS < 512 MiB"),
+            pass: Some(rss < 512.0),
+            detail: format!("{rss:.0} MiB"),
+        });
+    }
+    if let Some(c) = &results.concurrent {
+        goals.push(Goal {
+            goal: format!(
+                "registry RSS < 150 MiB under {} concurrent 1 GiB pushes",
+                c.pushes
+            ),
+            pass: Some(c.registry_peak_rss_mib < 150.0),
+            detail: format!("{:.0} MiB, {:.1} s", c.registry_peak_rss_mib, c.seconds),
+        });
+    }
+    crate::report::print_goal_list(&goals, &[]);
+    results.goals = goals;
+}
+
+/// The file-per-layer ceiling client: `push` uploads each file as one monolithic blob (digest known
+/// up front, as skopeo knows it from an OCI layout), `pull` GETs each and checks its digest as it
+/// writes, every file on its own stream at once.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// `push` or `pull`.
+    pub action: String,
+    #[arg(long)]
+    pub base: String,
+    #[arg(long)]
+    pub repo: String,
+    #[arg(long)]
+    pub file: Vec<PathBuf>,
+    #[arg(long)]
+    pub name: Vec<String>,
+    #[arg(long)]
+    pub digest: Vec<String>,
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub async fn client(args: ClientArgs) -> Result<()> {
+    use futures_util::StreamExt;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let mut tasks = Vec::new();
+    match args.action.as_str() {
+        "push" => {
+            for (file, digest) in args.file.iter().zip(&args.digest) {
+                let url = format!(
+                    "{}/v2/{}/blobs/uploads/?digest={digest}",
+                    args.base, args.repo
+                );
+                let file = tokio::fs::File::open(file).await?;
+                let len = file.metadata().await?.len();
+                let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
+                    file,
+                    1 << 20,
+                ));
+                let http = http.clone();
+                tasks.push(tokio::spawn(async move {
+                    let r = http
+                        .post(url)
+                        .header("content-type", "application/octet-stream")
+                        .header("content-length", len)
+                        .body(body)
+                        .send()
+                        .await?;
+                    if r.status() != 201 {
+                        bail!("upload answered {}", r.status());
+                    }
+                    Ok(())
+                }));
+            }
+        }
+        "pull" => {
+            let out = args.out.clone().context("--out is needed to pull")?;
+            for (name, digest) in args.name.iter().zip(&args.digest) {
+                let url = format!("{}/v2/{}/blobs/{digest}", args.base, args.repo);
+                let path = out.join(name);
+                let expected = vial_core::Digest::parse(digest)?;
+                let http = http.clone();
+                tasks.push(tokio::spawn(async move {
+                    let r = http.get(url).send().await?.error_for_status()?;
+                    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+                    // Hash and write off the executor, as they arrive.
+                    let writer = tokio::task::spawn_blocking(move || -> Result<()> {
+                        use std::io::Write;
+                        let mut f = std::io::BufWriter::with_capacity(
+                            1 << 20,
+                            std::fs::File::create(&path)?,
+                        );
+                        let mut h = expected.algorithm().hasher();
+                        while let Some(b) = rx.blocking_recv() {
+                            h.update(&b);
+                            f.write_all(&b)?;
+                        }
+                        f.flush()?;
+                        if h.finish() != expected {
+                            bail!("{} does not match its digest", path.display());
+                        }
+                        Ok(())
+                    });
+                    let mut stream = r.bytes_stream();
+                    while let Some(b) = stream.next().await {
+                        if tx.send(b?).await.is_err() {
+                            break;
+                        }
+                    }
+                    drop(tx);
+                    writer.await??;
+                    Ok(())
+                }));
+            }
+        }
+        other => bail!("unknown action {other:?}: push or pull"),
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
