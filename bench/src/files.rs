@@ -253,7 +253,7 @@ async fn row(
         ..Row::default()
     };
     if cold {
-        let _ = sync_disk();
+        sync_disk();
         if let Err(e) = drop_page_cache() {
             r.error = Some(format!("cannot drop the page cache: {e:#}"));
             return r;
@@ -528,7 +528,7 @@ async fn run_size(
     };
     match Mounted::mount(&spec, &mountpoint) {
         Ok(m) => {
-            let _ = sync_disk();
+            sync_disk();
             drop_page_cache()?;
             let paths: Vec<PathBuf> = names.iter().map(|n| mountpoint.join(n)).collect();
             let reg_before = cpu_seconds(reg.server.pid());

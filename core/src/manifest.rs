@@ -233,7 +233,7 @@ pub fn summarize(
 
 /// What a descriptor points at, with its digest held to the algorithms vial accepts.
 fn referenced(d: &oci::Descriptor) -> Result<Referenced, String> {
-    let digest = Digest::parse(&d.digest().to_string())
+    let digest = Digest::parse(d.digest().as_ref())
         .map_err(|e| format!("descriptor digest {}: {e}", d.digest()))?;
     Ok(Referenced {
         digest,

@@ -233,7 +233,7 @@ pub(super) async fn upload(
             Ok(bytes)
         }
     }));
-    let id = PackId::new();
+    let id = PackId::random();
     // The row first: if this process dies while the bytes are stored, the janitor finds them.
     state.meta.begin_pack(&id, size).await?;
     let stored = state.blobs.put_pack(&id, teed, size, verify).await;
@@ -421,8 +421,8 @@ mod tests {
 
     #[test]
     fn adjacent_ranges_of_one_pack_are_read_together() {
-        let pack = PackId::new();
-        let other = PackId::new();
+        let pack = PackId::random();
+        let other = PackId::random();
         let at = |source: &PackId, offset: u64, size: u64| BlobLocation {
             size,
             source: Some((Source::Pack(source.clone()), offset)),

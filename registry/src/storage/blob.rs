@@ -22,7 +22,7 @@ pub type VerifyFuture = Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 pub struct PackId(String);
 
 impl PackId {
-    pub fn new() -> PackId {
+    pub fn random() -> PackId {
         PackId(uuid::Uuid::new_v4().simple().to_string())
     }
 
