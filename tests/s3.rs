@@ -1,7 +1,7 @@
 //! The registry on an S3-compatible object store: conformance on SQLite + S3 and Postgres + S3,
 //! uploads of every shape assembled in the bucket, presigned redirects, two replicas over Postgres
-//! and one bucket, the object store going away mid-push, and the sweep of abandoned multipart
-//! uploads.
+//! and one bucket, the object store going away mid-push, packs at one PUT per 64 MiB, and the
+//! sweep of abandoned multipart uploads.
 
 use std::path::Path;
 use std::time::Duration;
@@ -528,4 +528,65 @@ fn uploads_abandoned_by_a_killed_replica_are_swept() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// `vial_s3_requests_total{method="PUT"}` from the registry's /metrics.
+fn s3_puts(server: &Server) -> u64 {
+    let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("vial_s3_requests_total{method=\"PUT\"}")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .expect("vial_s3_requests_total{method=\"PUT\"} in /metrics")
+}
+
+#[test]
+fn a_push_stores_new_chunks_in_full_packs_one_put_each() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_s3(&s3, &dir.path().join("data"), "packs", &[]);
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // 192 MiB of new data in 48 files: packs span files, however the hashers batch them.
+    for i in 0..48u64 {
+        std::fs::write(
+            src.join(format!("shard-{i}.bin")),
+            pseudo_random(4 << 20, 40 + i),
+        )
+        .unwrap();
+    }
+    let home = dir.path().join("home");
+    let before = s3_puts(&server);
+    let report = push_json(
+        &home,
+        &src,
+        &format!("{}/packs/model", server.addr),
+        &["--tag", "v1"],
+    );
+    let puts = s3_puts(&server) - before;
+    let chunks = report["chunks_uploaded"].as_u64().unwrap();
+    assert!(chunks > 40, "the push sent {chunks} chunks");
+    // Packs of up to 64 MiB stop short of it by less than one chunk, so 192 MiB fills at most 4;
+    // the seal adds its few small objects (index, manifests, config). Packs cut at every pause of
+    // the hashers would cost a PUT for each.
+    assert!(
+        puts <= 4 + 6,
+        "pushing 192 MiB of new chunks cost {puts} S3 PUTs (budget: 32 per GiB)"
+    );
+    let out = dir.path().join("out");
+    vial_ok(
+        &home,
+        &[
+            "pull",
+            &format!("{}/packs/model:v1", server.addr),
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_same_tree(&src, &out);
 }

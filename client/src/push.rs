@@ -186,10 +186,11 @@ pub async fn push(
     let mut per_file: Vec<Vec<Option<Vec<FileChunk>>>> = vec![Vec::new(); files.len()];
     let mut seen: HashSet<Digest> = HashSet::new();
     let mut pending: Vec<ChunkLoc> = Vec::new();
+    let mut unsent: Vec<ChunkLoc> = Vec::new();
     let mut uploads: JoinSet<Result<(), ClientError>> = JoinSet::new();
     let count_limit = Arc::new(Semaphore::new(options.uploads.max(1)));
     let mib_limit = Arc::new(Semaphore::new(
-        ((options.max_in_flight >> 20).max(16)) as usize,
+        ((options.max_in_flight >> 20).max(PACK_TARGET >> 20)) as usize,
     ));
     let pool = BufferPool::default();
     let mut closed = false;
@@ -234,42 +235,50 @@ pub async fn push(
         }
         if !pending.is_empty() {
             let batch = std::mem::take(&mut pending);
-            let missing = missing_chunks(registry, repo, batch, &stats).await?;
-            // New chunks travel in packs of consecutive chunks (one request, one store write and
-            // one metadata commit for many chunks), or one by one where the registry takes no
-            // packs.
-            let groups = if registry.packs_unsupported() {
-                missing.into_iter().map(|loc| vec![loc]).collect()
-            } else {
-                into_packs(missing)
-            };
-            for group in groups {
-                let len: u64 = group.iter().map(|c| c.len).sum();
-                let mib = (len.div_ceil(1 << 20) as u32).max(1);
-                let bytes_permit = Arc::clone(&mib_limit)
-                    .acquire_many_owned(mib)
-                    .await
-                    .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
-                let count_permit = Arc::clone(&count_limit)
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
-                let (registry, repo, stats, progress, pool) = (
-                    registry.clone(),
-                    repo.clone(),
-                    Arc::clone(&stats),
-                    Arc::clone(&progress),
-                    pool.clone(),
-                );
-                progress.event(Event::Needed(len));
-                uploads.spawn(async move {
-                    let _held = (bytes_permit, count_permit);
-                    upload_group(&registry, &repo, &group, &stats, &*progress, &pool).await
-                });
-                // Surface upload failures early instead of after the whole scan.
-                while let Some(done) = uploads.try_join_next() {
-                    done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
-                }
+            unsent.extend(missing_chunks(registry, repo, batch, &stats).await?);
+        }
+        // New chunks travel in packs of consecutive chunks (one request, one store write and
+        // one metadata commit for many chunks), or one by one where the registry takes no packs.
+        // A pack that is not full waits for the next chunks until the scan ends, so packs stay
+        // full however the hashers' output is batched (16 per GiB: the S3 PUT budget).
+        let groups = if registry.packs_unsupported() {
+            std::mem::take(&mut unsent)
+                .into_iter()
+                .map(|loc| vec![loc])
+                .collect()
+        } else {
+            let mut packs = into_packs(std::mem::take(&mut unsent));
+            if !closed {
+                unsent = packs.pop().unwrap_or_default();
+            }
+            packs
+        };
+        for group in groups {
+            let len: u64 = group.iter().map(|c| c.len).sum();
+            let mib = (len.div_ceil(1 << 20) as u32).max(1);
+            let bytes_permit = Arc::clone(&mib_limit)
+                .acquire_many_owned(mib)
+                .await
+                .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
+            let count_permit = Arc::clone(&count_limit)
+                .acquire_owned()
+                .await
+                .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
+            let (registry, repo, stats, progress, pool) = (
+                registry.clone(),
+                repo.clone(),
+                Arc::clone(&stats),
+                Arc::clone(&progress),
+                pool.clone(),
+            );
+            progress.event(Event::Needed(len));
+            uploads.spawn(async move {
+                let _held = (bytes_permit, count_permit);
+                upload_group(&registry, &repo, &group, &stats, &*progress, &pool).await
+            });
+            // Surface upload failures early instead of after the whole scan.
+            while let Some(done) = uploads.try_join_next() {
+                done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
             }
         }
     }
