@@ -422,6 +422,62 @@ fn corrupt_chunks_are_eio_and_a_dead_registry_fails_reads_in_bounded_time() {
 }
 
 #[test]
+fn sequential_reads_fetch_ahead_in_bulk_and_a_bad_bulk_read_is_eio() {
+    if !fuse_available() {
+        return;
+    }
+    let server = Server::start();
+    let proxy = Proxy::start(&server.addr);
+    let home = tempfile::tempdir().unwrap();
+    let (src, _) = push_files(
+        &server,
+        home.path(),
+        "bulk",
+        &[("a.bin", 48 << 20, 21), ("b.bin", 48 << 20, 22)],
+    );
+    let m = Mount::new(
+        home.path(),
+        &format!("{}/weights/bulk:v1", proxy.addr),
+        "mnt",
+        &["--timeout", "10s"],
+    );
+    let read_sequentially = |name: &str| -> std::io::Result<Vec<u8>> {
+        let mut f = std::fs::File::open(m.path.join(name))?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(out);
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    };
+
+    proxy.take_answered();
+    assert!(read_sequentially("a.bin").unwrap() == std::fs::read(src.join("a.bin")).unwrap());
+    let gets = proxy.take_answered();
+    let bulk = gets.iter().filter(|g| g.digests.len() > 1).count();
+    assert!(bulk > 0, "no bulk reads: {gets:?}");
+    // A request per chunk would be as many requests as a.bin has chunks (all fetched now).
+    let fetched = m.stats()["chunks_fetched"].as_u64().unwrap() as usize;
+    assert!(
+        gets.len() < fetched,
+        "{} requests for {fetched} chunks: {gets:?}",
+        gets.len()
+    );
+    assert!(m.stats()["prefetched_chunks"].as_u64().unwrap() > 0);
+
+    // A corrupted bulk read: the chunks that matched are kept, the one that did not is fetched
+    // again on its own, corrupted again, and the read fails with EIO; no wrong byte is served.
+    proxy.set(Fault::Corrupt);
+    let err = read_sequentially("b.bin").expect_err("corrupt bytes must never be served");
+    assert_eq!(err.raw_os_error(), Some(5), "expected EIO, got {err}");
+    proxy.set(Fault::None);
+    assert!(read_sequentially("b.bin").unwrap() == std::fs::read(src.join("b.bin")).unwrap());
+}
+
+#[test]
 fn concurrent_readers_get_the_same_bytes_and_each_chunk_is_fetched_once() {
     if !fuse_available() {
         return;

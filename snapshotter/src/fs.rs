@@ -21,7 +21,7 @@ use vial_core::volume::ChunkRef;
 
 use crate::cache::CacheError;
 use crate::errno;
-use crate::fetch::{Ensured, Fetcher, Priority};
+use crate::fetch::{self, Fetcher, Priority};
 use crate::inodes::{FileNode, Inodes, NodeKind, Piece};
 use crate::stats::Stats;
 
@@ -319,6 +319,12 @@ impl Shared {
             if last < start {
                 return;
             }
+            // Extend in large steps, once less than half the window is already on its way: a
+            // step is a few bulk reads, not a request per chunk.
+            let halfway = file.chunk_at(end + (until - end) / 2);
+            if ra.mark > halfway {
+                return;
+            }
             ra.mark = last + 1;
             tracing::trace!(
                 ino,
@@ -333,20 +339,30 @@ impl Shared {
             (start, last)
         };
         let mut cached = Vec::new();
+        let mut missing = Vec::new();
         for i in start..=last {
             let c = &self.chunks[file.chunks[i] as usize];
             if self.fetcher.available(&c.digest) {
                 cached.push(c.digest.clone());
-                continue;
+            } else {
+                missing.push((c.digest.clone(), c.size));
             }
-            let (me, digest, size) = (Arc::clone(self), c.digest.clone(), c.size);
-            // A sequential reader asks for these next, in this order: they share the demand slots
-            // with its reads, so whole-volume prefetch (background) can never hold them up.
+        }
+        // A sequential reader asks for these next, in this order: they share the demand slots
+        // with its reads, so whole-volume prefetch (background) can never hold them up. Each run
+        // is one bulk read.
+        for run in fetch::runs(missing) {
+            let me = Arc::clone(self);
             self.runtime.spawn(async move {
-                if let Ok(Ensured::Downloaded) =
-                    me.fetcher.ensure(&digest, size, Priority::Demand).await
-                {
-                    me.stats.prefetched_chunks.fetch_add(1, Ordering::Relaxed);
+                match me.fetcher.ensure_run(&run, Priority::Demand).await {
+                    Ok(n) => {
+                        me.stats
+                            .prefetched_chunks
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %vial_core::error_chain(&e), "read-ahead failed; readers fetch chunk by chunk")
+                    }
                 }
             });
         }

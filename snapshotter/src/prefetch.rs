@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use futures_util::StreamExt;
 
-use crate::fetch::{Ensured, Priority};
+use crate::fetch::Priority;
 use crate::fs::Shared;
 use crate::inodes::NodeKind;
 
-/// Chunk fetches the prefetcher keeps in flight.
-const PARALLEL: usize = 8;
+/// Bulk reads (runs of up to 16 MiB) the prefetcher keeps in flight.
+const PARALLEL: usize = 4;
 
 pub async fn prefetch_all(shared: Arc<Shared>) {
     let budget = shared.fetcher.cache().limit() / 10 * 9;
@@ -39,20 +39,20 @@ pub async fn prefetch_all(shared: Arc<Shared>) {
         }
     }
     let started = std::time::Instant::now();
-    let results = futures_util::stream::iter(order)
-        .map(|c| {
+    let runs = crate::fetch::runs(order.into_iter().map(|c| {
+        let chunk = &shared.chunks[c as usize];
+        (chunk.digest.clone(), chunk.size)
+    }));
+    let results = futures_util::stream::iter(runs)
+        .map(|run| {
             let shared = Arc::clone(&shared);
             async move {
-                let chunk = &shared.chunks[c as usize];
-                let r = shared
-                    .fetcher
-                    .ensure(&chunk.digest, chunk.size, Priority::Background)
-                    .await;
-                if let Ok(Ensured::Downloaded) = r {
+                let r = shared.fetcher.ensure_run(&run, Priority::Background).await;
+                if let Ok(n) = r {
                     shared
                         .stats
                         .prefetched_chunks
-                        .fetch_add(1, Ordering::Relaxed);
+                        .fetch_add(n as u64, Ordering::Relaxed);
                 }
                 r
             }
