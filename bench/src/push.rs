@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::ceiling::{self, Ceiling};
 use crate::checkpoint::{self, Case, Generated, Generator, Shape};
 use crate::pushers::{self, DigestCache, PushRun, Swapped};
-use crate::report::{self, num, ratio, table, times, Goal, Machine};
+use crate::report::{self, num, ratio, si, table, times, Goal, Machine};
 use crate::run::{machine, sync_disk};
 use crate::servers;
 
@@ -126,23 +126,6 @@ pub struct PushResults {
 fn warn<T>(what: &str, r: Result<T>) -> Option<T> {
     r.map_err(|e| eprintln!("vial-bench: {what} failed: {e:#}"))
         .ok()
-}
-
-/// Bytes in SI units, as MB/s is.
-fn si(bytes: Option<u64>) -> String {
-    let Some(b) = bytes else {
-        return "n/a".into();
-    };
-    let b = b as f64;
-    if b >= 1e9 {
-        format!("{:.2} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
-    } else if b >= 1e3 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{b} B")
-    }
 }
 
 fn failed_run(client: &str, case: Case, e: &anyhow::Error) -> PushRun {

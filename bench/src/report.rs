@@ -365,3 +365,20 @@ pub fn print_goal_list(goals: &[Goal], notes: &[String]) {
         println!("  note: {note}");
     }
 }
+
+/// Bytes in SI units, as MB/s is.
+pub fn si(bytes: Option<u64>) -> String {
+    let Some(b) = bytes else {
+        return "n/a".into();
+    };
+    let b = b as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{b} B")
+    }
+}
