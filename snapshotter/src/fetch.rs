@@ -234,14 +234,7 @@ impl Fetcher {
         size: u64,
         priority: Priority,
     ) -> Result<(), FetchError> {
-        let pool = match priority {
-            Priority::Demand => &self.demand,
-            Priority::Background => &self.background,
-        };
-        let _permit = pool
-            .acquire()
-            .await
-            .map_err(|e| FetchError::Task(e.to_string()))?;
+        let _permit = self.slot(priority).await?;
         let bytes = tokio::time::timeout(
             self.timeout,
             self.registry.get_blob_unverified(&self.repo, digest, None),
@@ -257,6 +250,20 @@ impl Fetcher {
         })?;
         drop(_permit);
         self.accept(digest.clone(), size, bytes).await
+    }
+
+    /// A download slot from the pool of the given priority, held for the request.
+    async fn slot(
+        &self,
+        priority: Priority,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, FetchError> {
+        let pool = match priority {
+            Priority::Demand => &self.demand,
+            Priority::Background => &self.background,
+        };
+        pool.acquire()
+            .await
+            .map_err(|e| FetchError::Task(e.to_string()))
     }
 
     /// Checks a downloaded chunk against its size and digest, then makes it readable from memory
@@ -390,15 +397,10 @@ impl Fetcher {
         claims: Vec<Claim>,
         priority: Priority,
     ) -> Result<usize, FetchError> {
-        let pool = match priority {
-            Priority::Demand => &self.demand,
-            Priority::Background => &self.background,
+        let _permit = self.slot(priority).await?;
+        let Some(first) = claims.first().map(|c| c.digest.clone()) else {
+            return Ok(0);
         };
-        let _permit = pool
-            .acquire()
-            .await
-            .map_err(|e| FetchError::Task(e.to_string()))?;
-        let first = claims[0].digest.clone();
         let digests: Vec<Digest> = claims.iter().map(|c| c.digest.clone()).collect();
         let timed_out = |digest: &Digest| FetchError::Timeout {
             digest: digest.clone(),
