@@ -11,7 +11,7 @@ use crate::fetch::Priority;
 use crate::fs::Shared;
 use crate::inodes::NodeKind;
 
-/// Bulk reads (runs of up to 16 MiB) the prefetcher keeps in flight.
+/// Bulk reads (runs of up to [`crate::fetch::RUN_BYTES`]) the prefetcher keeps in flight.
 const PARALLEL: usize = 4;
 
 pub async fn prefetch_all(shared: Arc<Shared>) {
