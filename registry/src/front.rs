@@ -39,6 +39,10 @@ use crate::config::Limits;
 use crate::error::{ApiError, ErrorCode};
 use crate::ClientAddr;
 
+/// The most a connection's read buffer grows to. Body frames are slices of it, so each frame a
+/// slow consumer (a disk writer, a hasher) holds queued can keep up to this much alive.
+const READ_BUFFER: usize = 128 << 10;
+
 /// Wraps the application in the front door's layers.
 pub(crate) fn layers(router: Router, limits: &Limits) -> Router {
     let min_rate = MinRateLayer {
@@ -299,7 +303,8 @@ pub(crate) async fn serve<L>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(READ_BUFFER);
     builder.http2().timer(TokioTimer::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
