@@ -407,6 +407,13 @@ impl Config {
             .max_by_key(|s| s.prefix.len())
     }
 
+    /// How recent a blob's last touch may be for a presence check not to write it again: an
+    /// eighth of the grace period, at most five minutes. Collection adds it to the grace period,
+    /// so a blob is still kept for the whole grace period after any presence check.
+    pub fn touch_slack(&self) -> Duration {
+        (self.gc_grace / 8).min(Duration::from_secs(300))
+    }
+
     /// The shortest retention window of any namespace.
     pub fn shortest_retention(&self) -> Duration {
         self.namespace_retention

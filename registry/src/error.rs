@@ -131,7 +131,10 @@ impl ApiError {
 
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
-        if e.is_unavailable() {
+        if let StorageError::NotReady(why) = &e {
+            tracing::warn!(error = %why, "refused until an operator acts");
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, why.clone())
+        } else if e.is_unavailable() {
             tracing::warn!(error = %error_chain(&e), "storage backend unavailable");
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -16,7 +16,7 @@ use crate::error::error_chain;
 use crate::storage::{now_millis, BytesDeletion, PackId, StorageError};
 use crate::AppState;
 
-/// Candidates looked at per batch.
+/// Candidates looked at per batch, and blobs removed per transaction.
 const BATCH: u32 = 1000;
 
 /// What a collection pass did, or would do.
@@ -41,89 +41,38 @@ pub struct GcMetrics {
     pub bytes: AtomicU64,
 }
 
+/// The last moment a blob may have been touched (or a pack created) for a pass to remove it: the
+/// grace period, plus the slack within which a touch is not written again (docs/gc.md).
+pub fn cutoff(config: &crate::config::Config) -> i64 {
+    now_millis() - (config.gc_grace + config.touch_slack()).as_millis() as i64
+}
+
 /// One pass. Passes in one process take turns; passes on several replicas are safe together.
 pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, StorageError> {
     let _turn = state.gc_turn.lock().await;
+    if let Some(why) = state.meta.gc_blocker().await? {
+        return Err(StorageError::NotReady(why));
+    }
     let started = Instant::now();
     let mut report = GcReport {
         dry_run,
         ..GcReport::default()
     };
-    if !dry_run {
-        report.manifests_purged = crate::purge_deleted(state).await;
-    }
-    let cutoff = now_millis() - state.config.gc_grace.as_millis() as i64;
     if dry_run {
-        let mut last_len = u32::MAX;
-        let mut limit = BATCH;
-        // Grow the window until it holds every candidate.
-        loop {
-            let found = state.meta.unreferenced_blobs(cutoff, limit).await?;
-            if (found.len() as u32) < limit || found.len() as u32 == last_len {
-                report.blobs = found.len() as u64;
-                report.bytes = found.iter().filter(|c| c.2).map(|c| c.1).sum();
-                break;
-            }
-            last_len = found.len() as u32;
-            limit = limit.saturating_mul(4);
-        }
+        let expired = crate::expired_deleted(state).await?;
+        report.manifests_purged = expired.len() as u64;
+        let cutoff = cutoff(&state.config);
+        let estimate = state.meta.gc_estimate(&expired, cutoff, cutoff).await?;
+        report.blobs = estimate.blobs;
+        report.packs = estimate.packs;
+        report.bytes = estimate.bytes;
     } else {
-        let blobs = Arc::clone(&state.blobs);
-        let delete = move |digest: Digest| -> BytesDeletion {
-            let blobs = Arc::clone(&blobs);
-            Box::pin(async move { blobs.delete(&digest).await.map(drop) })
-        };
-        loop {
-            let found = state.meta.unreferenced_blobs(cutoff, BATCH).await?;
-            let mut collected = 0;
-            for (digest, _, has_bytes) in &found {
-                match state.meta.collect_blob(digest, cutoff, &delete).await {
-                    Ok(Some(size)) => {
-                        collected += 1;
-                        report.blobs += 1;
-                        if *has_bytes {
-                            report.bytes += size;
-                        }
-                        tracing::debug!(%digest, size, "blob collected");
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(%digest, error = %error_chain(&e), "could not collect a blob; the next pass tries again")
-                    }
-                }
-            }
-            if found.len() < BATCH as usize || collected == 0 {
-                break;
-            }
-        }
+        report.manifests_purged = crate::purge_deleted(state).await;
+        let cutoff = cutoff(&state.config);
+        collect_blobs(state, cutoff, &mut report).await?;
         // Packs whose chunks have all been collected go last (a pack is kept while any chunk
         // in it lives: docs/gc.md).
-        let blobs = Arc::clone(&state.blobs);
-        let delete_pack = move |pack: PackId| -> BytesDeletion {
-            let blobs = Arc::clone(&blobs);
-            Box::pin(async move { blobs.delete_pack(&pack).await.map(drop) })
-        };
-        loop {
-            let found = state.meta.unreferenced_packs(cutoff, BATCH).await?;
-            let mut collected = 0;
-            for (pack, _) in &found {
-                match state.meta.collect_pack(pack, cutoff, &delete_pack).await {
-                    Ok(Some(size)) => {
-                        collected += 1;
-                        report.packs += 1;
-                        report.bytes += size;
-                        tracing::debug!(%pack, size, "pack collected");
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(%pack, error = %error_chain(&e), "could not collect a pack; the next pass tries again")
-                    }
-                }
-            }
-            if found.len() < BATCH as usize || collected == 0 {
-                break;
-            }
-        }
+        collect_packs(state, cutoff, &mut report).await?;
         let m = &state.gc_metrics;
         m.runs.fetch_add(1, Ordering::Relaxed);
         m.blobs.fetch_add(report.blobs, Ordering::Relaxed);
@@ -134,11 +83,86 @@ pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, Storag
         dry_run,
         manifests_purged = report.manifests_purged,
         blobs = report.blobs,
+        packs = report.packs,
         bytes = report.bytes,
         seconds = report.seconds,
         "garbage collection pass"
     );
     Ok(report)
+}
+
+/// Goes through the blob candidates once, removing the garbage among them a batch at a time.
+async fn collect_blobs(
+    state: &AppState,
+    cutoff: i64,
+    report: &mut GcReport,
+) -> Result<(), StorageError> {
+    let blobs = Arc::clone(&state.blobs);
+    let delete = move |digest: Digest| -> BytesDeletion {
+        let blobs = Arc::clone(&blobs);
+        Box::pin(async move { blobs.delete(&digest).await.map(drop) })
+    };
+    let mut after: Option<String> = None;
+    loop {
+        let batch = state
+            .meta
+            .blob_candidates(after.as_deref(), cutoff, BATCH)
+            .await?;
+        let digests: Vec<Digest> = batch.ready.iter().map(|g| g.digest.clone()).collect();
+        match state.meta.collect_blobs(&digests, cutoff, &delete).await {
+            Ok(gone) => {
+                for g in &gone {
+                    tracing::debug!(digest = %g.digest, size = g.size, "blob collected");
+                }
+                report.blobs += gone.len() as u64;
+                report.bytes += gone.iter().filter(|g| g.own_bytes).map(|g| g.size).sum::<u64>();
+            }
+            Err(e) => {
+                tracing::warn!(blobs = digests.len(), error = %error_chain(&e), "could not collect a batch of blobs; the next pass tries again")
+            }
+        }
+        match batch.next {
+            Some(next) => after = Some(next),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// [`collect_blobs`] for packs.
+async fn collect_packs(
+    state: &AppState,
+    cutoff: i64,
+    report: &mut GcReport,
+) -> Result<(), StorageError> {
+    let blobs = Arc::clone(&state.blobs);
+    let delete = move |pack: PackId| -> BytesDeletion {
+        let blobs = Arc::clone(&blobs);
+        Box::pin(async move { blobs.delete_pack(&pack).await.map(drop) })
+    };
+    let mut after: Option<String> = None;
+    loop {
+        let batch = state
+            .meta
+            .pack_candidates(after.as_deref(), cutoff, BATCH)
+            .await?;
+        let packs: Vec<PackId> = batch.ready.iter().map(|(p, _)| p.clone()).collect();
+        match state.meta.collect_packs(&packs, cutoff, &delete).await {
+            Ok(gone) => {
+                for (pack, size) in &gone {
+                    tracing::debug!(%pack, size, "pack collected");
+                }
+                report.packs += gone.len() as u64;
+                report.bytes += gone.iter().map(|(_, s)| s).sum::<u64>();
+            }
+            Err(e) => {
+                tracing::warn!(packs = packs.len(), error = %error_chain(&e), "could not collect a batch of packs; the next pass tries again")
+            }
+        }
+        match batch.next {
+            Some(next) => after = Some(next),
+            None => return Ok(()),
+        }
+    }
 }
 
 /// Runs a pass every `gc_interval`.

@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
+use vial_core::{Digest, RepoName};
 
 pub use config::{BlobBackend, Config, MetadataBackend};
 use storage::{BlobStore, FsBlobStore, MetadataStore, S3BlobStore, SqlMetadataStore, StorageError};
@@ -73,9 +74,17 @@ pub async fn open_storage(
                     .await
                     .map_err(|e| StorageError::io(dir, e))?;
             }
-            Arc::new(SqlMetadataStore::open_sqlite(path).await?)
+            Arc::new(
+                SqlMetadataStore::open_sqlite(path)
+                    .await?
+                    .with_touch_slack(config.touch_slack()),
+            )
         }
-        MetadataBackend::Postgres { url } => Arc::new(SqlMetadataStore::open_postgres(url).await?),
+        MetadataBackend::Postgres { url } => Arc::new(
+            SqlMetadataStore::open_postgres(url)
+                .await?
+                .with_touch_slack(config.touch_slack()),
+        ),
     };
     let blobs: Arc<dyn BlobStore> = match &config.blobs {
         BlobBackend::Filesystem { root } => Arc::new(FsBlobStore::open(root).await?),
@@ -238,10 +247,43 @@ async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
 
 /// Removes for good the deleted manifests whose repository's retention window has passed, and
 /// says how many.
-pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
+/// Deleted manifests past their repository's retention window: what [`purge_deleted`] removes.
+pub(crate) async fn expired_deleted(
+    state: &AppState,
+) -> Result<Vec<(RepoName, Digest)>, storage::StorageError> {
+    const PAGE: u32 = 1000;
     let now = storage::now_millis();
     let cutoff = now - state.config.shortest_retention().as_millis() as i64;
-    let expired = match state.meta.deleted_before(cutoff, 1000).await {
+    let mut expired = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut since = i64::MIN;
+    loop {
+        let page = state.meta.deleted_before(since, cutoff, PAGE).await?;
+        let full = page.len() == PAGE as usize;
+        let last = page.last().map(|(_, _, at)| *at);
+        let mut new = 0;
+        for (repo, digest, deleted_at) in page {
+            if !seen.insert((repo.clone(), digest.clone())) {
+                continue;
+            }
+            new += 1;
+            let retention = state.config.retention_for(repo.as_str());
+            if deleted_at + retention.as_millis() as i64 <= now {
+                expired.push((repo, digest));
+            }
+        }
+        match last {
+            // Pages overlap on the last millisecond; one that brings nothing new moves past it.
+            Some(at) if full => since = if new == 0 { at + 1 } else { at },
+            _ => break,
+        }
+    }
+    Ok(expired)
+}
+
+/// Removes every deleted manifest past its retention window for good. Returns how many went.
+pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
+    let expired = match expired_deleted(state).await {
         Ok(rows) => rows,
         Err(e) => {
             tracing::warn!(error = %error::error_chain(&e), "janitor could not list deleted manifests");
@@ -249,15 +291,11 @@ pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
         }
     };
     let mut purged = 0;
-    for (repo, digest, deleted_at) in expired {
-        let retention = state.config.retention_for(repo.as_str());
-        if deleted_at + retention.as_millis() as i64 > now {
-            continue;
-        }
+    for (repo, digest) in expired {
         match state.meta.purge_manifest(&repo, &digest).await {
             Ok(true) => {
                 purged += 1;
-                tracing::info!(%repo, %digest, retention = %humantime::format_duration(retention), "deleted manifest removed for good after its retention window")
+                tracing::info!(%repo, %digest, "deleted manifest removed for good after its retention window")
             }
             Ok(false) => {}
             Err(e) => {

@@ -374,7 +374,7 @@ fn basic_credentials(header: &str) -> Option<(String, String)> {
 }
 
 async fn handle(
-    state: &AppState,
+    state: &Arc<AppState>,
     endpoint: Endpoint,
     req: Request,
     body: Body,

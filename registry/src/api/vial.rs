@@ -1,6 +1,8 @@
 //! vial's extensions to the Distribution API, under `/v2/<name>/_vial/…`. Clients use them when
 //! present and fall back to plain OCI calls when a registry answers 404.
 
+use std::sync::Arc;
+
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -450,9 +452,20 @@ pub(super) async fn tag_history(
 }
 
 /// `POST /v2/_vial/gc[?dry-run=true]`: a garbage collection pass now; answers what it reclaimed
-/// (or, dry, what it would).
-pub(super) async fn gc(state: &AppState, dry_run: bool) -> Result<Response, ApiError> {
-    let report = crate::gc::collect(state, dry_run).await?;
+/// (or, dry, what it would). The pass runs on its own task, so it finishes even if the client
+/// goes away before the answer.
+pub(super) async fn gc(state: &Arc<AppState>, dry_run: bool) -> Result<Response, ApiError> {
+    let state = Arc::clone(state);
+    let pass = tokio::spawn(async move { crate::gc::collect(&state, dry_run).await });
+    let report = pass
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                format!("the collection pass failed: {e}"),
+            )
+        })??;
     Ok(super::json(StatusCode::OK, &report))
 }
 

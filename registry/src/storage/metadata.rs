@@ -374,23 +374,6 @@ pub trait BlobMeta: Send + Sync {
         digests: &[Digest],
     ) -> Result<std::collections::HashMap<Digest, BlobLocation>, StorageError>;
 
-    /// Committed packs no chunk lives in any more, created before `created_before`: collection
-    /// candidates.
-    async fn unreferenced_packs(
-        &self,
-        created_before: i64,
-        limit: u32,
-    ) -> Result<Vec<(super::PackId, u64)>, StorageError>;
-
-    /// Removes one pack if no chunk lives in it once its row is locked: `delete_bytes` runs under
-    /// that lock, before the row goes. Returns its size if it was removed.
-    async fn collect_pack(
-        &self,
-        pack: &super::PackId,
-        created_before: i64,
-        delete_bytes: &(dyn Fn(super::PackId) -> BytesDeletion + Send + Sync),
-    ) -> Result<Option<u64>, StorageError>;
-
     /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
     async fn blob_location(
         &self,
@@ -406,23 +389,91 @@ pub trait BlobMeta: Send + Sync {
         chunks: &[RangeChunk],
     ) -> Result<(), StorageError>;
 
-    /// Blobs nothing references (no manifest, live or deleted, and no range chunk) and nobody has
-    /// touched since `touched_before`: collection candidates, with their sizes and whether they
-    /// have bytes of their own (range chunks do not).
-    async fn unreferenced_blobs(
+}
+
+/// A batch of collection candidates, and where the next batch starts (`None`: none is left).
+#[derive(Debug, Default)]
+pub struct Candidates<T> {
+    pub ready: Vec<T>,
+    pub next: Option<String>,
+}
+
+/// A blob a collection pass may remove: its size and whether it has bytes of its own (a chunk
+/// that is a range of a pack or of another blob does not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Garbage {
+    pub digest: Digest,
+    pub size: u64,
+    pub own_bytes: bool,
+    /// The pack its bytes are a range of, if they are.
+    pub pack: Option<super::PackId>,
+}
+
+/// What a collection pass would remove: the dry run's answer.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GcEstimate {
+    pub blobs: u64,
+    /// Bytes of the blobs with bytes of their own, and of the packs.
+    pub bytes: u64,
+    pub packs: u64,
+}
+
+/// What garbage collection reads and removes (docs/gc.md). Candidates are the blobs and packs that
+/// are new or may have lost their last reference since the last pass, so a pass costs in proportion
+/// to what changed, not to the size of the registry.
+#[async_trait]
+pub trait GcMeta: Send + Sync {
+    /// Why collection must not run, if it must not (an index it relies on is missing or invalid).
+    async fn gc_blocker(&self) -> Result<Option<String>, StorageError>;
+
+    /// Looks at up to `limit` blob candidates after `after` (digest order): those referenced by a
+    /// manifest (live or deleted), the source of a range chunk, or gone stop being candidates; those
+    /// nothing references and nobody touched since `touched_before` are returned; the rest (touched
+    /// recently) stay for a later pass.
+    async fn blob_candidates(
         &self,
+        after: Option<&str>,
         touched_before: i64,
         limit: u32,
-    ) -> Result<Vec<(Digest, u64, bool)>, StorageError>;
+    ) -> Result<Candidates<Garbage>, StorageError>;
 
-    /// Removes one blob if it is still a candidate once its row is locked: `delete_bytes` runs
-    /// under that lock, before the row goes. Returns its size if it was removed.
-    async fn collect_blob(
+    /// Removes those of `digests` that are still unreferenced and untouched once their rows are
+    /// locked, in one transaction: `delete_bytes` runs under the locks for each blob with bytes of
+    /// its own, before its row goes; a blob whose bytes could not be deleted keeps its row.
+    /// Returns what was removed.
+    async fn collect_blobs(
         &self,
-        digest: &Digest,
+        digests: &[Digest],
         touched_before: i64,
         delete_bytes: &(dyn Fn(Digest) -> BytesDeletion + Send + Sync),
-    ) -> Result<Option<u64>, StorageError>;
+    ) -> Result<Vec<Garbage>, StorageError>;
+
+    /// [`GcMeta::blob_candidates`] for packs: committed packs created before `created_before` that
+    /// no chunk lives in, with their sizes; packs some chunk lives in stop being candidates.
+    async fn pack_candidates(
+        &self,
+        after: Option<&str>,
+        created_before: i64,
+        limit: u32,
+    ) -> Result<Candidates<(super::PackId, u64)>, StorageError>;
+
+    /// Removes those of `packs` no chunk lives in once their rows are locked; `delete_bytes` runs
+    /// under the locks, before each row goes. Returns what was removed.
+    async fn collect_packs(
+        &self,
+        packs: &[super::PackId],
+        created_before: i64,
+        delete_bytes: &(dyn Fn(super::PackId) -> BytesDeletion + Send + Sync),
+    ) -> Result<Vec<(super::PackId, u64)>, StorageError>;
+
+    /// What a pass would remove after purging `purged` (deleted manifests past their retention),
+    /// changing nothing.
+    async fn gc_estimate(
+        &self,
+        purged: &[(RepoName, Digest)],
+        touched_before: i64,
+        created_before: i64,
+    ) -> Result<GcEstimate, StorageError>;
 }
 
 /// Upload sessions (their bytes are in the blob store under the same id).
@@ -497,9 +548,11 @@ pub trait ManifestMeta: Send + Sync {
         with_tags: bool,
     ) -> Result<Option<Restored>, StorageError>;
 
-    /// Deleted manifests (repository, digest, deleted at) deleted before `before`, oldest first.
+    /// Deleted manifests (repository, digest, deleted at) deleted at or after `since` and before
+    /// `before`, oldest first.
     async fn deleted_before(
         &self,
+        since: i64,
         before: i64,
         limit: u32,
     ) -> Result<Vec<(RepoName, Digest, i64)>, StorageError>;
@@ -706,7 +759,7 @@ pub trait JobMeta: Send + Sync {
 /// concerns one by one; this trait comes with them.
 #[async_trait]
 pub trait MetadataStore:
-    BlobMeta + UploadMeta + ManifestMeta + TagMeta + LeaseMeta + JobMeta + std::fmt::Debug
+    BlobMeta + GcMeta + UploadMeta + ManifestMeta + TagMeta + LeaseMeta + JobMeta + std::fmt::Debug
 {
     /// Whether the backend answers, for readiness probes.
     async fn ping(&self) -> Result<(), StorageError>;

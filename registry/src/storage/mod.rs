@@ -14,7 +14,7 @@ mod sql;
 pub use blob::{BlobStore, ByteRange, ByteStream, PackId, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
-    BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
+    BlobLocation, BlobMeta, BytesDeletion, Candidates, CommitManifestError, Garbage, GcEstimate, GcMeta, Job, JobFile, JobMeta, JobOutcome,
     JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, PackedChunk, Page,
     Presence, RangeChunk, Restored, Source, StoredCheck, StoredManifest, TagEvent, TagMeta,
     TagPrecondition, UploadMeta, UploadSession, VersionRow,
@@ -56,6 +56,9 @@ pub enum StorageError {
         /// The store could not be reached or was overloaded, rather than refusing the request.
         unavailable: bool,
     },
+    /// The operation needs something an operator has to set up first (the message says what).
+    #[error("{0}")]
+    NotReady(String),
 }
 
 impl StorageError {

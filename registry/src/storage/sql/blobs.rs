@@ -9,19 +9,8 @@ use vial_core::{Digest, RepoName};
 
 use super::*;
 
-/// A blob row `b` that no manifest references (`$2` = false, the `is_manifest` of blob
-/// references), that no range chunk lives in, and that nobody touched since `$1`.
-const UNREFERENCED: &str = "b.touched_at < $1
-    AND NOT EXISTS (SELECT 1 FROM manifest_references r
-                     WHERE r.target_digest = b.digest AND r.is_manifest = $2)
-    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)";
-
 /// The columns [`location_from_row`] reads, of a `blobs` row `b`.
 const LOCATION: &str = "b.size, b.source_digest, b.pack_id, b.source_offset";
-
-/// A committed pack (`p`) no chunk lives in, created before `$1`.
-const UNUSED_PACK: &str = "p.committed AND p.created_at < $1
-    AND NOT EXISTS (SELECT 1 FROM blobs b WHERE b.pack_id = p.id)";
 
 fn location_from_row(row: &AnyRow) -> Result<BlobLocation, StorageError> {
     let size: i64 = row.try_get("size")?;
@@ -44,14 +33,7 @@ fn location_from_row(row: &AnyRow) -> Result<BlobLocation, StorageError> {
     })
 }
 
-/// Whether a blob row's bytes are an object of its own (not a range of a blob or a pack).
-fn has_own_bytes(row: &AnyRow) -> Result<bool, StorageError> {
-    let blob: Option<String> = row.try_get("source_digest")?;
-    let pack: Option<String> = row.try_get("pack_id")?;
-    Ok(blob.is_none() && pack.is_none())
-}
-
-fn parse_pack(s: &str) -> Result<PackId, StorageError> {
+pub(super) fn parse_pack(s: &str) -> Result<PackId, StorageError> {
     PackId::parse(s).ok_or_else(|| StorageError::Corrupt(format!("stored pack id {s:?}")))
 }
 
@@ -136,7 +118,7 @@ impl BlobMeta for SqlMetadataStore {
             .bind(now_millis())
             .execute(&mut *tx)
             .await?;
-        touch(&mut tx, digest).await?;
+        touch(&mut tx, digest, self.stale_touch(now_millis())).await?;
         tx.commit().await?;
         Ok(Some(size as u64))
     }
@@ -174,7 +156,13 @@ impl BlobMeta for SqlMetadataStore {
             // next collection's reach for the grace period.
             if presence == Presence::Touch && !present.is_empty() {
                 let mut tx = self.writer.begin().await?;
-                touch_all(&mut tx, &digest_set(present.iter()), self.dialect).await?;
+                touch_all(
+                    &mut tx,
+                    &digest_set(present.iter()),
+                    self.dialect,
+                    self.stale_touch(now_millis()),
+                )
+                .await?;
                 tx.commit().await?;
             }
             return Ok(present);
@@ -183,7 +171,7 @@ impl BlobMeta for SqlMetadataStore {
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
         // Held until the links commit, so a collection cannot remove a blob in between.
         let known: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT digest FROM blobs WHERE digest IN (SELECT value FROM {}){}",
+            "SELECT digest FROM blobs WHERE digest IN (SELECT value FROM {}) ORDER BY digest{}",
             self.dialect.text_set("$1"),
             if self.dialect == Dialect::Postgres {
                 " FOR SHARE"
@@ -206,7 +194,13 @@ impl BlobMeta for SqlMetadataStore {
             .bind(now_millis())
             .execute(&mut *tx)
             .await?;
-            touch_all(&mut tx, &known_set, self.dialect).await?;
+            touch_all(
+                &mut tx,
+                &known_set,
+                self.dialect,
+                self.stale_touch(now_millis()),
+            )
+            .await?;
         }
         tx.commit().await?;
         known.iter().map(|d| parse_digest(d)).collect()
@@ -283,17 +277,20 @@ impl BlobMeta for SqlMetadataStore {
         // One statement for all the chunks, whatever their number: a JSON array of
         // [digest, size, offset] rows. A chunk the registry holds already keeps its home (it
         // is live: collection removes a row and its bytes together, under the row's lock).
-        let rows = serde_json::to_string(
-            &chunks
-                .iter()
-                .map(|c| (c.digest.as_str(), c.size, c.offset))
-                .collect::<Vec<_>>(),
-        )
+        // In digest order: rows are locked in the order they are written, and collection locks
+        // its batches in digest order too, so neither can deadlock the other.
+        let mut sorted: Vec<_> = chunks
+            .iter()
+            .map(|c| (c.digest.as_str(), c.size, c.offset))
+            .collect();
+        sorted.sort_unstable();
+        let rows = serde_json::to_string(&sorted)
         .map_err(|e| StorageError::Corrupt(e.to_string()))?;
         sqlx::query(&format!(
             "INSERT INTO blobs (digest, size, created_at, touched_at, pack_id, source_offset)
              SELECT {}, {}, $2, $2, $3, {} FROM {} WHERE true
-             ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at",
+             ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at
+                WHERE blobs.touched_at < $4",
             self.dialect.json_field("value", 0, "TEXT"),
             self.dialect.json_field("value", 1, "BIGINT"),
             self.dialect.json_field("value", 2, "BIGINT"),
@@ -302,6 +299,7 @@ impl BlobMeta for SqlMetadataStore {
         .bind(&rows)
         .bind(now)
         .bind(pack.as_str())
+        .bind(self.stale_touch(now))
         .execute(&mut *tx)
         .await?;
         let set = digest_set(chunks.iter().map(|c| &c.digest));
@@ -317,61 +315,6 @@ impl BlobMeta for SqlMetadataStore {
         .await?;
         tx.commit().await?;
         Ok(())
-    }
-
-    async fn unreferenced_packs(
-        &self,
-        created_before: i64,
-        limit: u32,
-    ) -> Result<Vec<(PackId, u64)>, StorageError> {
-        let rows = sqlx::query(&format!(
-            "SELECT p.id, p.size FROM packs p WHERE {UNUSED_PACK} ORDER BY p.created_at LIMIT $2"
-        ))
-        .bind(created_before)
-        .bind(i64::from(limit))
-        .fetch_all(&self.writer)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let id: String = row.try_get("id")?;
-                let size: i64 = row.try_get("size")?;
-                Ok((parse_pack(&id)?, size as u64))
-            })
-            .collect()
-    }
-
-    async fn collect_pack(
-        &self,
-        pack: &PackId,
-        created_before: i64,
-        delete_bytes: &(dyn Fn(PackId) -> BytesDeletion + Send + Sync),
-    ) -> Result<Option<u64>, StorageError> {
-        let mut tx = self.writer.begin().await?;
-        if self.dialect == Dialect::Postgres {
-            sqlx::query("SELECT id FROM packs WHERE id = $1 FOR UPDATE")
-                .bind(pack.as_str())
-                .execute(&mut *tx)
-                .await?;
-        }
-        // Only the commit that created a pack ever makes a chunk live in it, so once no chunk
-        // does, none ever will again: checking under the row lock is enough.
-        let size: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT p.size FROM packs p WHERE p.id = $2 AND {UNUSED_PACK}"
-        ))
-        .bind(created_before)
-        .bind(pack.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(size) = size else {
-            return Ok(None);
-        };
-        delete_bytes(pack.clone()).await?;
-        sqlx::query("DELETE FROM packs WHERE id = $1")
-            .bind(pack.as_str())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(size as u64))
     }
 
     async fn begin_pack(&self, pack: &PackId, size: u64) -> Result<(), StorageError> {
@@ -416,6 +359,9 @@ impl BlobMeta for SqlMetadataStore {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
+        // In digest order, as collection locks rows (see `commit_pack`).
+        let mut chunks: Vec<&RangeChunk> = chunks.iter().collect();
+        chunks.sort_unstable_by(|a, b| a.digest.as_str().cmp(b.digest.as_str()));
         for c in chunks {
             let (blob, pack) = match &c.source {
                 Source::Blob(d) => (Some(d.as_str()), None),
@@ -423,7 +369,9 @@ impl BlobMeta for SqlMetadataStore {
             };
             sqlx::query(
                 "INSERT INTO blobs (digest, size, created_at, touched_at, source_digest, pack_id, source_offset)
-                 VALUES ($1, $2, $3, $3, $4, $5, $6) ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at",
+                 VALUES ($1, $2, $3, $3, $4, $5, $6)
+                 ON CONFLICT (digest) DO UPDATE SET touched_at = excluded.touched_at
+                    WHERE blobs.touched_at < $7",
             )
             .bind(c.digest.as_str())
             .bind(c.size as i64)
@@ -431,6 +379,7 @@ impl BlobMeta for SqlMetadataStore {
             .bind(blob)
             .bind(pack)
             .bind(c.offset as i64)
+            .bind(self.stale_touch(now))
             .execute(&mut *tx)
             .await?;
             sqlx::query(LINK_BLOB)
@@ -442,70 +391,5 @@ impl BlobMeta for SqlMetadataStore {
         }
         tx.commit().await?;
         Ok(())
-    }
-
-    async fn unreferenced_blobs(
-        &self,
-        touched_before: i64,
-        limit: u32,
-    ) -> Result<Vec<(Digest, u64, bool)>, StorageError> {
-        let rows = sqlx::query(&format!(
-            "SELECT b.digest, b.size, b.source_digest, b.pack_id FROM blobs b WHERE {UNREFERENCED}
-              ORDER BY b.touched_at LIMIT $3"
-        ))
-        .bind(touched_before)
-        .bind(false)
-        .bind(i64::from(limit))
-        .fetch_all(&self.writer)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let digest: String = row.try_get("digest")?;
-                let size: i64 = row.try_get("size")?;
-                Ok((parse_digest(&digest)?, size as u64, has_own_bytes(row)?))
-            })
-            .collect()
-    }
-
-    async fn collect_blob(
-        &self,
-        digest: &Digest,
-        touched_before: i64,
-        delete_bytes: &(dyn Fn(Digest) -> BytesDeletion + Send + Sync),
-    ) -> Result<Option<u64>, StorageError> {
-        let mut tx = self.writer.begin().await?;
-        if self.dialect == Dialect::Postgres {
-            // Waits for manifest commits that hold this blob (FOR SHARE) and holds off new ones.
-            sqlx::query("SELECT digest FROM blobs WHERE digest = $1 FOR UPDATE")
-                .bind(digest.as_str())
-                .execute(&mut *tx)
-                .await?;
-        }
-        // Checked again now that the row is held: a new statement sees every commit so far.
-        let row = sqlx::query(&format!(
-            "SELECT b.size, b.source_digest, b.pack_id FROM blobs b WHERE b.digest = $3 AND {UNREFERENCED}"
-        ))
-        .bind(touched_before)
-        .bind(false)
-        .bind(digest.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let size: i64 = row.try_get("size")?;
-        if has_own_bytes(&row)? {
-            delete_bytes(digest.clone()).await?;
-        }
-        sqlx::query("DELETE FROM repository_blobs WHERE digest = $1")
-            .bind(digest.as_str())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM blobs WHERE digest = $1")
-            .bind(digest.as_str())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Some(size as u64))
     }
 }

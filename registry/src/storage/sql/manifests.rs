@@ -347,17 +347,19 @@ impl ManifestMeta for SqlMetadataStore {
 
     async fn deleted_before(
         &self,
+        since: i64,
         before: i64,
         limit: u32,
     ) -> Result<Vec<(RepoName, Digest, i64)>, StorageError> {
         let rows = sqlx::query(
             "SELECT r.name, m.digest, m.deleted_at FROM manifests m
                JOIN repositories r ON r.id = m.repository_id
-              WHERE m.deleted_at IS NOT NULL AND m.deleted_at < $1
+              WHERE m.deleted_at IS NOT NULL AND m.deleted_at >= $3 AND m.deleted_at < $1
               ORDER BY m.deleted_at LIMIT $2",
         )
         .bind(before)
         .bind(i64::from(limit))
+        .bind(since)
         .fetch_all(&self.reader)
         .await?;
         rows.iter()
@@ -584,7 +586,8 @@ async fn check_references(
         // same guarantee.
         (Held::Blob, Dialect::Postgres) => format!(
             "SELECT rb.digest, b.size FROM repository_blobs rb JOIN blobs b ON b.digest = rb.digest
-              WHERE rb.repository_id = $1 AND rb.digest IN (SELECT value FROM {set}) FOR SHARE OF b"
+              WHERE rb.repository_id = $1 AND rb.digest IN (SELECT value FROM {set})
+              ORDER BY rb.digest FOR SHARE OF b"
         ),
         (Held::Blob, Dialect::Sqlite) => format!(
             "SELECT rb.digest, b.size FROM repository_blobs rb JOIN blobs b ON b.digest = rb.digest

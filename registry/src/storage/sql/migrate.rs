@@ -33,6 +33,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "packs",
         include_str!("../../../../migrations/sqlite/0005_packs.sql"),
     ),
+    (
+        6,
+        "gc candidates",
+        include_str!("../../../../migrations/sqlite/0006_gc_candidates.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -59,6 +64,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         5,
         "packs",
         include_str!("../../../../migrations/postgres/0005_packs.sql"),
+    ),
+    (
+        6,
+        "gc candidates",
+        include_str!("../../../../migrations/postgres/0006_gc_candidates.sql"),
     ),
 ];
 

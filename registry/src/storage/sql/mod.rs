@@ -8,6 +8,7 @@
 //! that must not race (tag moves) are single conditional statements.
 
 mod blobs;
+mod gc;
 mod jobs;
 mod leases;
 mod manifests;
@@ -93,9 +94,24 @@ pub struct SqlMetadataStore {
     reader: AnyPool,
     writer: AnyPool,
     dialect: Dialect,
+    /// Milliseconds within which a blob's last touch is recent enough not to be written again.
+    touch_slack: i64,
 }
 
 impl SqlMetadataStore {
+    /// Presence checks leave a blob's `touched_at` alone while it is less than `slack` old: a
+    /// read-mostly registry then writes a hot blob's row once per `slack`, not once per check.
+    /// Collection must add `slack` to its grace period ([`crate::gc::cutoff`]).
+    pub fn with_touch_slack(mut self, slack: Duration) -> Self {
+        self.touch_slack = slack.as_millis() as i64;
+        self
+    }
+
+    /// The `touched_at` below which a touch is written.
+    fn stale_touch(&self, now: i64) -> i64 {
+        now - self.touch_slack
+    }
+
     /// Opens (creating if needed) the SQLite database at `path` and brings its schema up to date.
     pub async fn open_sqlite(path: &Path) -> Result<Self, StorageError> {
         sqlx::any::install_default_drivers();
@@ -118,6 +134,7 @@ impl SqlMetadataStore {
             reader,
             writer,
             dialect: Dialect::Sqlite,
+            touch_slack: 0,
         })
     }
 
@@ -158,6 +175,7 @@ impl SqlMetadataStore {
             reader,
             writer,
             dialect: Dialect::Postgres,
+            touch_slack: 0,
         })
     }
 }
@@ -180,10 +198,17 @@ async fn repo_id_for_write(
 }
 
 /// Marks a blob as just used, so collections within the grace period leave it alone.
-async fn touch(tx: &mut Transaction<'_, Any>, digest: &Digest) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE blobs SET touched_at = $1 WHERE digest = $2")
+/// Marks a blob as wanted now, so collection leaves it alone for the grace period; a touch newer
+/// than `stale_before` stands (see [`SqlMetadataStore::with_touch_slack`]).
+async fn touch(
+    tx: &mut Transaction<'_, Any>,
+    digest: &Digest,
+    stale_before: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE blobs SET touched_at = $1 WHERE digest = $2 AND touched_at < $3")
         .bind(now_millis())
         .bind(digest.as_str())
+        .bind(stale_before)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -194,13 +219,15 @@ async fn touch_all(
     tx: &mut Transaction<'_, Any>,
     set: &str,
     dialect: Dialect,
+    stale_before: i64,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
-        "UPDATE blobs SET touched_at = $1 WHERE digest IN (SELECT value FROM {})",
+        "UPDATE blobs SET touched_at = $1 WHERE digest IN (SELECT value FROM {}) AND touched_at < $3",
         dialect.text_set("$2")
     ))
     .bind(now_millis())
     .bind(set)
+    .bind(stale_before)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -1,0 +1,547 @@
+//! Garbage collection's reads and removals (docs/gc.md): the candidate tables the triggers of
+//! migration 6 fill, collection in batches under row locks, and the dry run's estimate.
+
+use std::collections::{HashMap, HashSet};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use sqlx::any::AnyRow;
+use sqlx::Row;
+use vial_core::{Digest, RepoName};
+
+use super::blobs::parse_pack;
+use super::*;
+use crate::storage::metadata::{Candidates, Garbage, GcEstimate, GcMeta};
+
+/// A blob row `b` that no manifest references (`$1` = false, the `is_manifest` of blob
+/// references), that no range chunk lives in, and that nobody touched since `$2`.
+const UNREFERENCED: &str = "b.touched_at < $2
+    AND NOT EXISTS (SELECT 1 FROM manifest_references r
+                     WHERE r.target_digest = b.digest AND r.is_manifest = $1)
+    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)";
+
+/// A committed pack (`p`) no chunk lives in, created before `$1`.
+const UNUSED_PACK: &str = "p.committed AND p.created_at < $1
+    AND NOT EXISTS (SELECT 1 FROM blobs b WHERE b.pack_id = p.id)";
+
+/// The columns [`garbage_from_row`] reads, of a `blobs` row `b`.
+const GARBAGE: &str = "b.digest, b.size, b.source_digest, b.pack_id";
+
+/// Byte deletions in flight at once while a batch's rows are held.
+const DELETIONS_AT_ONCE: usize = 16;
+
+/// The index collection needs on PostgreSQL (migration 6), which large registries build by hand.
+const DIGEST_INDEX: &str = "repository_blobs_by_digest";
+
+/// Candidates the dry run reads at once.
+const ESTIMATE_BATCH: usize = 1000;
+
+fn garbage_from_row(row: &AnyRow) -> Result<Garbage, StorageError> {
+    let digest: String = row.try_get("digest")?;
+    let size: i64 = row.try_get("size")?;
+    let source: Option<String> = row.try_get("source_digest")?;
+    let pack: Option<String> = row.try_get("pack_id")?;
+    Ok(Garbage {
+        digest: parse_digest(&digest)?,
+        size: size as u64,
+        own_bytes: source.is_none() && pack.is_none(),
+        pack: pack.as_deref().map(parse_pack).transpose()?,
+    })
+}
+
+/// Strings as the JSON array [`Dialect::text_set`] expands.
+fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+    serde_json::to_string(&items.into_iter().collect::<Vec<_>>()).unwrap_or_default()
+}
+
+impl SqlMetadataStore {
+    /// ` FOR SHARE` on PostgreSQL; SQLite's single writer needs no row locks.
+    fn share_lock(&self) -> &'static str {
+        match self.dialect {
+            Dialect::Postgres => " FOR SHARE",
+            Dialect::Sqlite => "",
+        }
+    }
+
+    /// Runs `delete` for every item at once (a few at a time) and splits the items into those
+    /// whose bytes are gone and those whose deletion failed (logged; their rows stay).
+    async fn delete_all<T: Clone + std::fmt::Display + Send + Sync>(
+        items: Vec<T>,
+        delete: impl Fn(T) -> BytesDeletion + Sync,
+    ) -> Vec<T> {
+        let results: Vec<(T, Result<(), StorageError>)> = futures_util::stream::iter(items)
+            .map(|item| {
+                let deletion = delete(item.clone());
+                async move { (item, deletion.await) }
+            })
+            .buffer_unordered(DELETIONS_AT_ONCE)
+            .collect()
+            .await;
+        results
+            .into_iter()
+            .filter_map(|(item, r)| match r {
+                Ok(()) => Some(item),
+                Err(e) => {
+                    tracing::warn!(%item, error = %crate::error::error_chain(&e), "could not delete bytes; the next collection pass tries again");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The manifests purging `purged` removes: those, and recursively the children no remaining
+    /// manifest lists and no tag names (what `purge_manifest` does), as `repository id:digest`.
+    async fn doomed_manifests(
+        &self,
+        purged: &[(RepoName, Digest)],
+    ) -> Result<HashSet<String>, StorageError> {
+        let mut doomed = HashSet::new();
+        let mut pending: Vec<(i64, String)> = Vec::new();
+        let mut conn = self.reader.acquire().await?;
+        for (repo, digest) in purged {
+            let id: Option<i64> = sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
+                .bind(repo.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(id) = id {
+                doomed.insert(format!("{id}:{digest}"));
+                pending.push((id, digest.to_string()));
+            }
+        }
+        // Children of doomed manifests, round by round: a child is doomed once every manifest
+        // listing it is and no tag names it.
+        let mut waiting: Vec<(i64, String)> = Vec::new();
+        while !pending.is_empty() {
+            for (id, digest) in pending.drain(..) {
+                let listed: Vec<String> = sqlx::query_scalar(
+                    "SELECT target_digest FROM manifest_references
+                      WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
+                )
+                .bind(id)
+                .bind(&digest)
+                .bind(true)
+                .fetch_all(&mut *conn)
+                .await?;
+                waiting.extend(listed.into_iter().map(|c| (id, c)));
+            }
+            for (id, child) in std::mem::take(&mut waiting) {
+                if doomed.contains(&format!("{id}:{child}")) {
+                    continue;
+                }
+                let parents: Vec<String> = sqlx::query_scalar(
+                    "SELECT manifest_digest FROM manifest_references
+                      WHERE repository_id = $1 AND target_digest = $2 AND is_manifest = $3",
+                )
+                .bind(id)
+                .bind(&child)
+                .bind(true)
+                .fetch_all(&mut *conn)
+                .await?;
+                let tagged: Option<i64> = sqlx::query_scalar(
+                    "SELECT CAST(1 AS BIGINT) FROM tags WHERE repository_id = $1 AND manifest_digest = $2",
+                )
+                .bind(id)
+                .bind(&child)
+                .fetch_optional(&mut *conn)
+                .await?;
+                let orphaned = parents.iter().all(|p| doomed.contains(&format!("{id}:{p}")));
+                if tagged.is_none() && orphaned {
+                    doomed.insert(format!("{id}:{child}"));
+                    pending.push((id, child));
+                } else {
+                    waiting.push((id, child));
+                }
+            }
+        }
+        Ok(doomed)
+    }
+}
+
+#[async_trait]
+impl GcMeta for SqlMetadataStore {
+    async fn gc_blocker(&self) -> Result<Option<String>, StorageError> {
+        if self.dialect != Dialect::Postgres {
+            return Ok(None);
+        }
+        let valid: Option<bool> = sqlx::query_scalar(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+              WHERE c.relname = $1 AND pg_table_is_visible(c.oid)",
+        )
+        .bind(DIGEST_INDEX)
+        .fetch_optional(&self.reader)
+        .await?;
+        Ok(match valid {
+            Some(true) => None,
+            Some(false) => Some(format!(
+                "the index {DIGEST_INDEX} is invalid (a CREATE INDEX CONCURRENTLY that failed): \
+                 rebuild it with `REINDEX INDEX CONCURRENTLY {DIGEST_INDEX};` (docs/gc.md)"
+            )),
+            None => Some(format!(
+                "the index {DIGEST_INDEX} is missing, and without it a collection pass takes time \
+                 quadratic in the number of blobs: build it with `CREATE INDEX CONCURRENTLY \
+                 {DIGEST_INDEX} ON repository_blobs (digest);` (docs/gc.md)"
+            )),
+        })
+    }
+
+    async fn blob_candidates(
+        &self,
+        after: Option<&str>,
+        touched_before: i64,
+        limit: u32,
+    ) -> Result<Candidates<Garbage>, StorageError> {
+        let batch: Vec<String> = sqlx::query_scalar(
+            "SELECT digest FROM gc_candidates WHERE digest > $1 ORDER BY digest LIMIT $2",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.writer)
+        .await?;
+        let next = if batch.len() as u32 == limit {
+            batch.last().cloned()
+        } else {
+            None
+        };
+        if batch.is_empty() {
+            return Ok(Candidates { ready: Vec::new(), next });
+        }
+        let set = text_list(batch.iter().map(String::as_str));
+        let mut tx = self.writer.begin().await?;
+        // Candidates that something still holds stop being candidates. The rows that hold them
+        // stay locked until this commits, so a purge or collection removing one waits, and its
+        // trigger queues the blob again after this transaction deleted it.
+        let lock = self.share_lock();
+        let referenced: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT r.target_digest FROM manifest_references r
+              WHERE r.target_digest IN (SELECT value FROM {}) AND r.is_manifest = $2{lock}",
+            self.dialect.text_set("$1")
+        ))
+        .bind(&set)
+        .bind(false)
+        .fetch_all(&mut *tx)
+        .await?;
+        let sources: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT a.source_digest FROM blobs a WHERE a.source_digest IN (SELECT value FROM {}){lock}",
+            self.dialect.text_set("$1")
+        ))
+        .bind(&set)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {GARBAGE}, b.touched_at FROM blobs b WHERE b.digest IN (SELECT value FROM {})",
+            self.dialect.text_set("$1")
+        ))
+        .bind(&set)
+        .fetch_all(&mut *tx)
+        .await?;
+        let held: HashSet<&str> = referenced.iter().chain(&sources).map(String::as_str).collect();
+        let mut existing = HashSet::new();
+        let mut ready = Vec::new();
+        for row in &rows {
+            let garbage = garbage_from_row(row)?;
+            let touched: i64 = row.try_get("touched_at")?;
+            existing.insert(garbage.digest.to_string());
+            if !held.contains(garbage.digest.as_str()) && touched < touched_before {
+                ready.push(garbage);
+            }
+        }
+        let settled = batch
+            .iter()
+            .map(String::as_str)
+            .filter(|d| held.contains(d) || !existing.contains(*d));
+        sqlx::query(&format!(
+            "DELETE FROM gc_candidates WHERE digest IN (SELECT value FROM {})",
+            self.dialect.text_set("$1")
+        ))
+        .bind(text_list(settled))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Candidates { ready, next })
+    }
+
+    async fn collect_blobs(
+        &self,
+        digests: &[Digest],
+        touched_before: i64,
+        delete_bytes: &(dyn Fn(Digest) -> BytesDeletion + Send + Sync),
+    ) -> Result<Vec<Garbage>, StorageError> {
+        if digests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let set = digest_set(digests.iter());
+        let mut tx = self.writer.begin().await?;
+        if self.dialect == Dialect::Postgres {
+            // Waits for manifest commits that hold these blobs (FOR SHARE, in the same digest
+            // order, so neither side deadlocks) and holds off new ones.
+            sqlx::query(
+                "SELECT digest FROM blobs WHERE digest IN
+                   (SELECT value FROM json_array_elements_text(CAST($1 AS json)))
+                  ORDER BY digest FOR UPDATE",
+            )
+            .bind(&set)
+            .execute(&mut *tx)
+            .await?;
+        }
+        // Checked again now that the rows are held: a new statement sees every commit so far.
+        let rows = sqlx::query(&format!(
+            "SELECT {GARBAGE} FROM blobs b WHERE b.digest IN (SELECT value FROM {}) AND {UNREFERENCED}",
+            self.dialect.text_set("$3")
+        ))
+        .bind(false)
+        .bind(touched_before)
+        .bind(&set)
+        .fetch_all(&mut *tx)
+        .await?;
+        let garbage = rows
+            .iter()
+            .map(garbage_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        // Bytes first, under the locks; a blob whose bytes could not go keeps its row.
+        let own: Vec<Digest> = garbage
+            .iter()
+            .filter(|g| g.own_bytes)
+            .map(|g| g.digest.clone())
+            .collect();
+        let own_count = own.len();
+        let deleted: HashSet<Digest> = Self::delete_all(own, delete_bytes).await.into_iter().collect();
+        let gone: Vec<Garbage> = if deleted.len() == own_count {
+            garbage
+        } else {
+            garbage
+                .into_iter()
+                .filter(|g| !g.own_bytes || deleted.contains(&g.digest))
+                .collect()
+        };
+        let set = digest_set(gone.iter().map(|g| &g.digest));
+        for table in ["repository_blobs", "blobs", "gc_candidates"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE digest IN (SELECT value FROM {})",
+                self.dialect.text_set("$1")
+            ))
+            .bind(&set)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(gone)
+    }
+
+    async fn pack_candidates(
+        &self,
+        after: Option<&str>,
+        created_before: i64,
+        limit: u32,
+    ) -> Result<Candidates<(PackId, u64)>, StorageError> {
+        let batch: Vec<String> = sqlx::query_scalar(
+            "SELECT pack_id FROM gc_pack_candidates WHERE pack_id > $1 ORDER BY pack_id LIMIT $2",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.writer)
+        .await?;
+        let next = if batch.len() as u32 == limit {
+            batch.last().cloned()
+        } else {
+            None
+        };
+        if batch.is_empty() {
+            return Ok(Candidates { ready: Vec::new(), next });
+        }
+        let set = text_list(batch.iter().map(String::as_str));
+        let mut tx = self.writer.begin().await?;
+        // Packs a chunk lives in stop being candidates; the chunks stay locked until this
+        // commits, so a collection removing one queues its pack again after this deleted it.
+        let used: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT b.pack_id FROM blobs b WHERE b.pack_id IN (SELECT value FROM {}){}",
+            self.dialect.text_set("$1"),
+            self.share_lock()
+        ))
+        .bind(&set)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows = sqlx::query(&format!(
+            "SELECT p.id, p.size,
+                    CAST(CASE WHEN p.committed AND p.created_at < $2 THEN 1 ELSE 0 END AS BIGINT) AS ripe
+               FROM packs p WHERE p.id IN (SELECT value FROM {})",
+            self.dialect.text_set("$1")
+        ))
+        .bind(&set)
+        .bind(created_before)
+        .fetch_all(&mut *tx)
+        .await?;
+        let used: HashSet<&str> = used.iter().map(String::as_str).collect();
+        let mut existing = HashSet::new();
+        let mut ready = Vec::new();
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            let size: i64 = row.try_get("size")?;
+            let ripe: i64 = row.try_get("ripe")?;
+            if ripe == 1 && !used.contains(id.as_str()) {
+                ready.push((parse_pack(&id)?, size as u64));
+            }
+            existing.insert(id);
+        }
+        let settled = batch
+            .iter()
+            .map(String::as_str)
+            .filter(|p| used.contains(p) || !existing.contains(*p));
+        sqlx::query(&format!(
+            "DELETE FROM gc_pack_candidates WHERE pack_id IN (SELECT value FROM {})",
+            self.dialect.text_set("$1")
+        ))
+        .bind(text_list(settled))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Candidates { ready, next })
+    }
+
+    async fn collect_packs(
+        &self,
+        packs: &[PackId],
+        created_before: i64,
+        delete_bytes: &(dyn Fn(PackId) -> BytesDeletion + Send + Sync),
+    ) -> Result<Vec<(PackId, u64)>, StorageError> {
+        if packs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let set = text_list(packs.iter().map(PackId::as_str));
+        let mut tx = self.writer.begin().await?;
+        if self.dialect == Dialect::Postgres {
+            sqlx::query(
+                "SELECT id FROM packs WHERE id IN
+                   (SELECT value FROM json_array_elements_text(CAST($1 AS json)))
+                  ORDER BY id FOR UPDATE",
+            )
+            .bind(&set)
+            .execute(&mut *tx)
+            .await?;
+        }
+        // Only the commit that created a pack ever makes a chunk live in it, so once no chunk
+        // does, none ever will again: checking under the row locks is enough.
+        let rows = sqlx::query(&format!(
+            "SELECT p.id, p.size FROM packs p WHERE p.id IN (SELECT value FROM {}) AND {UNUSED_PACK}",
+            self.dialect.text_set("$2")
+        ))
+        .bind(created_before)
+        .bind(&set)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut sizes = HashMap::new();
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            let size: i64 = row.try_get("size")?;
+            sizes.insert(parse_pack(&id)?, size as u64);
+        }
+        let gone = Self::delete_all(sizes.keys().cloned().collect(), delete_bytes).await;
+        let set = text_list(gone.iter().map(PackId::as_str));
+        for (table, column) in [("packs", "id"), ("gc_pack_candidates", "pack_id")] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE {column} IN (SELECT value FROM {})",
+                self.dialect.text_set("$1")
+            ))
+            .bind(&set)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(gone
+            .into_iter()
+            .map(|p| {
+                let size = sizes.get(&p).copied().unwrap_or(0);
+                (p, size)
+            })
+            .collect())
+    }
+
+    async fn gc_estimate(
+        &self,
+        purged: &[(RepoName, Digest)],
+        touched_before: i64,
+        created_before: i64,
+    ) -> Result<GcEstimate, StorageError> {
+        let doomed = self.doomed_manifests(purged).await?;
+        let doomed_set = text_list(doomed.iter().map(String::as_str));
+        // The candidates a pass would look at: the queued ones, and the blobs the purged
+        // manifests reference (their rows go, and the trigger queues them, during the pass).
+        let mut candidates: Vec<String> = sqlx::query_scalar("SELECT digest FROM gc_candidates")
+            .fetch_all(&self.reader)
+            .await?;
+        let mut seen: HashSet<String> = candidates.iter().cloned().collect();
+        for key in &doomed {
+            let Some((id, digest)) = key.split_once(':') else {
+                continue;
+            };
+            let targets: Vec<String> = sqlx::query_scalar(
+                "SELECT target_digest FROM manifest_references
+                  WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
+            )
+            .bind(id.parse::<i64>().unwrap_or(-1))
+            .bind(digest)
+            .bind(false)
+            .fetch_all(&self.reader)
+            .await?;
+            candidates.extend(targets.into_iter().filter(|t| seen.insert(t.clone())));
+        }
+        let mut estimate = GcEstimate::default();
+        let mut freed_chunks: HashMap<String, u64> = HashMap::new();
+        for batch in candidates.chunks(ESTIMATE_BATCH) {
+            // Unreferenced once the doomed manifests are gone: every reference is from one.
+            let rows = sqlx::query(&format!(
+                "SELECT {GARBAGE} FROM blobs b
+                  WHERE b.digest IN (SELECT value FROM {}) AND b.touched_at < $2
+                    AND NOT EXISTS (SELECT 1 FROM manifest_references r
+                                     WHERE r.target_digest = b.digest AND r.is_manifest = $3
+                                       AND NOT (CAST(r.repository_id AS TEXT) || ':' || r.manifest_digest)
+                                           IN (SELECT value FROM {}))
+                    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)",
+                self.dialect.text_set("$1"),
+                self.dialect.text_set("$4"),
+            ))
+            .bind(text_list(batch.iter().map(String::as_str)))
+            .bind(touched_before)
+            .bind(false)
+            .bind(&doomed_set)
+            .fetch_all(&self.reader)
+            .await?;
+            for row in &rows {
+                let g = garbage_from_row(row)?;
+                estimate.blobs += 1;
+                if g.own_bytes {
+                    estimate.bytes += g.size;
+                }
+                if let Some(pack) = g.pack {
+                    *freed_chunks.entry(pack.as_str().to_owned()).or_default() += 1;
+                }
+            }
+        }
+        // Packs: those queued, and those every chunk of which goes.
+        let queued: Vec<String> = sqlx::query_scalar("SELECT pack_id FROM gc_pack_candidates")
+            .fetch_all(&self.reader)
+            .await?;
+        let mut packs: Vec<String> = freed_chunks.keys().cloned().collect();
+        packs.extend(queued.into_iter().filter(|p| !freed_chunks.contains_key(p)));
+        for batch in packs.chunks(ESTIMATE_BATCH) {
+            let rows = sqlx::query(&format!(
+                "SELECT p.id, p.size, (SELECT COUNT(*) FROM blobs b WHERE b.pack_id = p.id) AS live
+                   FROM packs p WHERE p.id IN (SELECT value FROM {}) AND p.committed AND p.created_at < $2",
+                self.dialect.text_set("$1")
+            ))
+            .bind(text_list(batch.iter().map(String::as_str)))
+            .bind(created_before)
+            .fetch_all(&self.reader)
+            .await?;
+            for row in &rows {
+                let id: String = row.try_get("id")?;
+                let size: i64 = row.try_get("size")?;
+                let live: i64 = row.try_get("live")?;
+                if live as u64 <= freed_chunks.get(&id).copied().unwrap_or(0) {
+                    estimate.packs += 1;
+                    estimate.bytes += size as u64;
+                }
+            }
+        }
+        Ok(estimate)
+    }
+}
