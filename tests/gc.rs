@@ -180,14 +180,23 @@ fn pushes_racing_collections_never_leave_a_version_whose_blobs_are_gone() {
         vial_ok(h, &["rm", &first]);
         // ...pushed again elsewhere (the registry says it already holds the chunks) while a
         // collection removes them.
-        let delay = rand() % 60;
+        // A push reaches its presence check some 15-30 ms after it starts. Even iterations start
+        // the collection first and the push up to 30 ms later, odd ones the other way round, so
+        // the collection both wins and loses at every stage of a push.
+        let delay = std::time::Duration::from_millis(rand() % 30);
+        let push_first = i % 2 == 1;
         let pusher = {
             let (h, src, target) = (h.clone(), src.clone(), format!("{}/race/b{i}", server.addr));
             std::thread::spawn(move || -> Output {
+                if !push_first {
+                    std::thread::sleep(delay);
+                }
                 vial(&h, &["push", src.to_str().unwrap(), &target, "--json"])
             })
         };
-        std::thread::sleep(std::time::Duration::from_millis(delay));
+        if push_first {
+            std::thread::sleep(delay);
+        }
         reclaimed += gc(h, &server, false)["blobs"].as_u64().unwrap();
         let out = pusher.join().unwrap();
         if out.status.success() {
@@ -252,4 +261,76 @@ fn assert_reads_back(h: &Path, pinned: &str, src: &Path, name: &str) {
         String::from_utf8_lossy(&pull.stderr)
     );
     assert_same_tree(src, &back);
+}
+
+/// The dry run right after versions are deleted reports what the pass then reclaims, packs
+/// included; and a pass looks only at what changed since the last one, never at every blob.
+#[test]
+fn a_dry_run_predicts_the_pass_and_a_pass_looks_only_at_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = &dir.path().join("home");
+    let server = Server::start_on(&dir.path().join("data"), &GC_NOW);
+    let volume = format!("{}/gc/packs", server.addr);
+    let write = |name: &str, seed: u64, len: usize| {
+        let d = h.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("w.bin"), pseudo_random(len, seed)).unwrap();
+        d
+    };
+    // 8 MiB of new chunks: one pack each.
+    let old = push_json(h, &write("old", 11, 8 << 20), &volume, &[]);
+    let old_chunks = old["chunks_uploaded"].as_u64().unwrap();
+    let old = old["reference"].as_str().unwrap().to_owned();
+    let kept = push_json(h, &write("kept", 12, 8 << 20), &volume, &["--tag", "kept"]);
+    let kept_chunks = kept["chunks_uploaded"].as_u64().unwrap();
+    assert!(
+        old_chunks > 1 && kept_chunks > 1,
+        "{old_chunks} and {kept_chunks} chunks"
+    );
+
+    let first = gc(h, &server, false);
+    assert_eq!(first["blobs"], 0, "{first}");
+    assert!(
+        first["examined"].as_u64().unwrap() >= old_chunks + kept_chunks,
+        "the first pass looks at the new chunks: {first}"
+    );
+    let idle = gc(h, &server, false);
+    assert_eq!(idle["examined"], 0, "nothing changed since: {idle}");
+
+    vial_ok(h, &["rm", &old]);
+    let dry = gc(h, &server, true);
+    let real = gc(h, &server, false);
+    assert_eq!(dry["manifests_purged"], 1, "{dry}");
+    assert_eq!(real["manifests_purged"], 1, "{real}");
+    assert!(dry["blobs"].as_u64().unwrap() >= old_chunks, "{dry}");
+    assert!(dry["packs"].as_u64().unwrap() >= 1, "{dry}");
+    assert!(dry["bytes"].as_u64().unwrap() >= 8 << 20, "{dry}");
+    for key in ["blobs", "packs", "bytes"] {
+        assert_eq!(dry[key], real[key], "{key}: dry run {dry}, pass {real}");
+    }
+    let after = gc(h, &server, true);
+    assert_eq!(
+        (after["blobs"].as_u64(), after["packs"].as_u64()),
+        (Some(0), Some(0)),
+        "{after}"
+    );
+    assert_eq!(gc(h, &server, false)["examined"], 0);
+
+    // One new 1 MiB file: the next pass looks at its chunk (and its pack, if any) and little else.
+    let more = write("more", 13, 8 << 20);
+    std::fs::write(more.join("x.bin"), pseudo_random(1 << 20, 14)).unwrap();
+    let pushed = push_json(h, &more, &volume, &["--tag", "kept"]);
+    let new = pushed["chunks_uploaded"].as_u64().unwrap();
+    let pass = gc(h, &server, false);
+    let examined = pass["examined"].as_u64().unwrap();
+    assert!(
+        examined >= new && examined <= new + 4,
+        "{new} new chunks, {examined} candidates looked at: {pass}"
+    );
+    let back = h.join("back");
+    vial_ok(
+        h,
+        &["pull", &format!("{volume}:kept"), back.to_str().unwrap()],
+    );
+    assert_same_tree(&more, &back);
 }

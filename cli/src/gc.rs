@@ -7,7 +7,7 @@ use crate::common::{block_on, count, human_bytes, print_json, RegistryArgs};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial gc localhost:5000 --dry-run   # what a pass would reclaim\n  vial gc localhost:5000\n\nThe registry also collects on its own schedule (vial serve --gc-interval, default 1h). A pass\nfirst removes deleted versions whose retention window has passed, then every blob that no\nversion (live or still restorable) references and that nobody used within the grace period\n(--gc-grace). Pushes, pulls and mounts go on meanwhile; docs/gc.md says why that is safe.\nWith authentication on, it needs delete access to every repository."
+    after_help = "Examples:\n  vial gc localhost:5000 --dry-run   # what a pass would reclaim\n  vial gc localhost:5000\n\nThe registry also collects on its own schedule (vial serve --gc-interval, default 1h). A pass\nfirst removes deleted versions whose retention window has passed, then every blob that no\nversion (live or still restorable) references and that nobody used within the grace period\n(--gc-grace). A pass looks only at blobs that are new or lost a reference since the last one,\nand runs to the end even if this command is interrupted. Pushes, pulls and mounts go on meanwhile; docs/gc.md says why that is safe.\nWith authentication on, it needs delete access to every repository."
 )]
 pub struct GcArgs {
     /// The registry: host[:port]
@@ -41,16 +41,20 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
         };
         if args.dry_run {
             println!(
-                "would reclaim {} in {}",
+                "would reclaim {} in {} and {} (after removing {})",
                 human_bytes(n("bytes")),
-                count(n("blobs"), "blob")
+                count(n("blobs"), "blob"),
+                count(n("packs"), "pack"),
+                count(n("manifests_purged"), "expired deleted version")
             );
         } else {
             println!(
-                "reclaimed {} in {} ({} removed first)",
+                "reclaimed {} in {} and {} ({} removed first; {} looked at)",
                 human_bytes(n("bytes")),
                 count(n("blobs"), "blob"),
-                count(n("manifests_purged"), "expired deleted version")
+                count(n("packs"), "pack"),
+                count(n("manifests_purged"), "expired deleted version"),
+                count(n("examined"), "candidate")
             );
         }
         Ok(())

@@ -133,7 +133,11 @@ impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> Self {
         if let StorageError::NotReady(why) = &e {
             tracing::warn!(error = %why, "refused until an operator acts");
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, why.clone())
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                why.clone(),
+            )
         } else if e.is_unavailable() {
             tracing::warn!(error = %error_chain(&e), "storage backend unavailable");
             ApiError::new(

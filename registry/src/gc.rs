@@ -30,6 +30,9 @@ pub struct GcReport {
     /// chunks that lived in them are counted in `blobs` but not in `bytes`).
     pub packs: u64,
     pub bytes: u64,
+    /// Candidates (blobs and packs) the pass looked at: new ones and ones that may have lost
+    /// their last reference since the last pass, never every blob.
+    pub examined: u64,
     pub seconds: f64,
 }
 
@@ -85,6 +88,7 @@ pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, Storag
         blobs = report.blobs,
         packs = report.packs,
         bytes = report.bytes,
+        examined = report.examined,
         seconds = report.seconds,
         "garbage collection pass"
     );
@@ -108,6 +112,7 @@ async fn collect_blobs(
             .meta
             .blob_candidates(after.as_deref(), cutoff, BATCH)
             .await?;
+        report.examined += batch.examined;
         let digests: Vec<Digest> = batch.ready.iter().map(|g| g.digest.clone()).collect();
         match state.meta.collect_blobs(&digests, cutoff, &delete).await {
             Ok(gone) => {
@@ -115,7 +120,11 @@ async fn collect_blobs(
                     tracing::debug!(digest = %g.digest, size = g.size, "blob collected");
                 }
                 report.blobs += gone.len() as u64;
-                report.bytes += gone.iter().filter(|g| g.own_bytes).map(|g| g.size).sum::<u64>();
+                report.bytes += gone
+                    .iter()
+                    .filter(|g| g.own_bytes)
+                    .map(|g| g.size)
+                    .sum::<u64>();
             }
             Err(e) => {
                 tracing::warn!(blobs = digests.len(), error = %error_chain(&e), "could not collect a batch of blobs; the next pass tries again")
@@ -145,6 +154,7 @@ async fn collect_packs(
             .meta
             .pack_candidates(after.as_deref(), cutoff, BATCH)
             .await?;
+        report.examined += batch.examined;
         let packs: Vec<PackId> = batch.ready.iter().map(|(p, _)| p.clone()).collect();
         match state.meta.collect_packs(&packs, cutoff, &delete).await {
             Ok(gone) => {

@@ -457,15 +457,13 @@ pub(super) async fn tag_history(
 pub(super) async fn gc(state: &Arc<AppState>, dry_run: bool) -> Result<Response, ApiError> {
     let state = Arc::clone(state);
     let pass = tokio::spawn(async move { crate::gc::collect(&state, dry_run).await });
-    let report = pass
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                ErrorCode::Internal,
-                format!("the collection pass failed: {e}"),
-            )
-        })??;
+    let report = pass.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            format!("the collection pass failed: {e}"),
+        )
+    })??;
     Ok(super::json(StatusCode::OK, &report))
 }
 

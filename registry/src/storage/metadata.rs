@@ -388,14 +388,25 @@ pub trait BlobMeta: Send + Sync {
         repo: &RepoName,
         chunks: &[RangeChunk],
     ) -> Result<(), StorageError>;
-
 }
 
 /// A batch of collection candidates, and where the next batch starts (`None`: none is left).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Candidates<T> {
+    /// How many candidates the batch looked at.
+    pub examined: u64,
     pub ready: Vec<T>,
     pub next: Option<String>,
+}
+
+impl<T> Default for Candidates<T> {
+    fn default() -> Self {
+        Candidates {
+            examined: 0,
+            ready: Vec::new(),
+            next: None,
+        }
+    }
 }
 
 /// A blob a collection pass may remove: its size and whether it has bytes of its own (a chunk

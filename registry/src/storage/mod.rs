@@ -14,10 +14,11 @@ mod sql;
 pub use blob::{BlobStore, ByteRange, ByteStream, PackId, VerifyFuture};
 pub use fs::FsBlobStore;
 pub use metadata::{
-    BlobLocation, BlobMeta, BytesDeletion, Candidates, CommitManifestError, Garbage, GcEstimate, GcMeta, Job, JobFile, JobMeta, JobOutcome,
-    JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, PackedChunk, Page,
-    Presence, RangeChunk, Restored, Source, StoredCheck, StoredManifest, TagEvent, TagMeta,
-    TagPrecondition, UploadMeta, UploadSession, VersionRow,
+    BlobLocation, BlobMeta, BytesDeletion, Candidates, CommitManifestError, Garbage, GcEstimate,
+    GcMeta, Job, JobFile, JobMeta, JobOutcome, JobState, Lease, LeaseMeta, ManifestMeta,
+    ManifestRecord, MetadataStore, PackedChunk, Page, Presence, RangeChunk, Restored, Source,
+    StoredCheck, StoredManifest, TagEvent, TagMeta, TagPrecondition, UploadMeta, UploadSession,
+    VersionRow,
 };
 pub use s3::S3BlobStore;
 pub use sql::{Dialect, SqlMetadataStore};

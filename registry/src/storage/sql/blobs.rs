@@ -284,8 +284,8 @@ impl BlobMeta for SqlMetadataStore {
             .map(|c| (c.digest.as_str(), c.size, c.offset))
             .collect();
         sorted.sort_unstable();
-        let rows = serde_json::to_string(&sorted)
-        .map_err(|e| StorageError::Corrupt(e.to_string()))?;
+        let rows =
+            serde_json::to_string(&sorted).map_err(|e| StorageError::Corrupt(e.to_string()))?;
         sqlx::query(&format!(
             "INSERT INTO blobs (digest, size, created_at, touched_at, pack_id, source_offset)
              SELECT {}, {}, $2, $2, $3, {} FROM {} WHERE true

@@ -144,7 +144,9 @@ impl SqlMetadataStore {
                 .bind(&child)
                 .fetch_optional(&mut *conn)
                 .await?;
-                let orphaned = parents.iter().all(|p| doomed.contains(&format!("{id}:{p}")));
+                let orphaned = parents
+                    .iter()
+                    .all(|p| doomed.contains(&format!("{id}:{p}")));
                 if tagged.is_none() && orphaned {
                     doomed.insert(format!("{id}:{child}"));
                     pending.push((id, child));
@@ -203,7 +205,7 @@ impl GcMeta for SqlMetadataStore {
             None
         };
         if batch.is_empty() {
-            return Ok(Candidates { ready: Vec::new(), next });
+            return Ok(Candidates::default());
         }
         let set = text_list(batch.iter().map(String::as_str));
         let mut tx = self.writer.begin().await?;
@@ -234,7 +236,11 @@ impl GcMeta for SqlMetadataStore {
         .bind(&set)
         .fetch_all(&mut *tx)
         .await?;
-        let held: HashSet<&str> = referenced.iter().chain(&sources).map(String::as_str).collect();
+        let held: HashSet<&str> = referenced
+            .iter()
+            .chain(&sources)
+            .map(String::as_str)
+            .collect();
         let mut existing = HashSet::new();
         let mut ready = Vec::new();
         for row in &rows {
@@ -257,7 +263,11 @@ impl GcMeta for SqlMetadataStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Candidates { ready, next })
+        Ok(Candidates {
+            examined: batch.len() as u64,
+            ready,
+            next,
+        })
     }
 
     async fn collect_blobs(
@@ -304,7 +314,10 @@ impl GcMeta for SqlMetadataStore {
             .map(|g| g.digest.clone())
             .collect();
         let own_count = own.len();
-        let deleted: HashSet<Digest> = Self::delete_all(own, delete_bytes).await.into_iter().collect();
+        let deleted: HashSet<Digest> = Self::delete_all(own, delete_bytes)
+            .await
+            .into_iter()
+            .collect();
         let gone: Vec<Garbage> = if deleted.len() == own_count {
             garbage
         } else {
@@ -346,7 +359,7 @@ impl GcMeta for SqlMetadataStore {
             None
         };
         if batch.is_empty() {
-            return Ok(Candidates { ready: Vec::new(), next });
+            return Ok(Candidates::default());
         }
         let set = text_list(batch.iter().map(String::as_str));
         let mut tx = self.writer.begin().await?;
@@ -394,7 +407,11 @@ impl GcMeta for SqlMetadataStore {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Candidates { ready, next })
+        Ok(Candidates {
+            examined: batch.len() as u64,
+            ready,
+            next,
+        })
     }
 
     async fn collect_packs(
