@@ -148,3 +148,16 @@ pub fn create_database(server: &str, name: &str) -> String {
     );
     format!("{server}/{name}")
 }
+
+/// Runs one SQL statement on the database at `url`, asserting it succeeds.
+pub fn psql(url: &str, sql: &str) {
+    let out = Command::new("psql")
+        .args(["-d", url, "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{sql} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
