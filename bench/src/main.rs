@@ -20,6 +20,7 @@ mod pushers;
 mod report;
 mod rss;
 mod run;
+mod scale;
 mod servers;
 
 use std::path::PathBuf;
@@ -51,6 +52,9 @@ enum Command {
     /// Is vial at least as fast as shipping the files? Push, pull and a full read through a mount
     /// against skopeo, the ORAS Python SDK and a file-per-layer client, per backend.
     Files(files::FilesArgs),
+    /// Metadata at fleet scale: a PostgreSQL store grown to 1e5 and 1e6 blob rows, request
+    /// latencies and a collection pass after deleting 5% of versions.
+    Scale(scale::ScaleArgs),
     /// The file-per-layer client `files` measures (run by the benchmark itself).
     #[command(hide = true)]
     FilesClient(files::ClientArgs),
@@ -157,6 +161,7 @@ fn main() -> Result<()> {
                 Command::Backends(args) => backends::backends(args).await,
                 Command::Containerd(args) => containerd::containerd(args).await,
                 Command::Files(args) => files::files(args).await,
+                Command::Scale(args) => scale::scale(args).await,
                 Command::FilesClient(args) => files::client(args).await,
             }
         };

@@ -1,0 +1,403 @@
+//! Metadata at fleet scale: a PostgreSQL metadata store grown synthetically to N blob rows, shaped
+//! as vial's pushes write them (volumes of versions, each version an index over one part manifest
+//! listing its chunks, 5% of the chunks new per version), then the request paths that must stay
+//! flat in N measured through the HTTP API, and a collection pass after deleting 5% of versions.
+//!
+//! The rows are bulk-inserted with SQL for speed, with PostgreSQL's constraint triggers off during
+//! the load (`session_replication_role = replica`); they are generated to satisfy every
+//! constraint, and the candidate table is seeded as migration 6 seeds it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+use crate::backends::Postgres;
+use crate::report::{median, num, table};
+use crate::servers;
+
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    /// The `vial` binary to benchmark.
+    #[arg(long)]
+    pub vial: PathBuf,
+    /// Blob rows to grow the store to, one run each.
+    #[arg(long, value_delimiter = ',', default_values_t = [100_000u64, 1_000_000])]
+    pub blobs: Vec<u64>,
+    /// Versions per volume.
+    #[arg(long, default_value_t = 100)]
+    pub versions: u64,
+    /// Chunks each version lists.
+    #[arg(long, default_value_t = 1000)]
+    pub chunks: u64,
+    /// New chunks per version (the rest are the previous version's).
+    #[arg(long, default_value_t = 50)]
+    pub new_per_version: u64,
+    /// PostgreSQL's server binaries (initdb, pg_ctl).
+    #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
+    pub pg_bin: PathBuf,
+    /// Parent of the run's directory (a real disk: 1e6 blobs take about 5 GB).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Write all figures to this file as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Run {
+    blobs: u64,
+    volumes: u64,
+    references: u64,
+    load_seconds: f64,
+    presence_4096_ms: Option<f64>,
+    manifest_put_1000_ms: Option<f64>,
+    head_p50_ms: Option<f64>,
+    head_p99_ms: Option<f64>,
+    versions_listing_ms: Option<f64>,
+    first_pass_seconds: f64,
+    first_pass_examined: u64,
+    versions_deleted: u64,
+    dry_run_seconds: f64,
+    dry_run_blobs: u64,
+    pass_seconds: f64,
+    pass_blobs: u64,
+    pass_examined: u64,
+    blobs_per_second: f64,
+    table_mb: Vec<(String, f64)>,
+}
+
+fn digest(text: &str) -> String {
+    vial_core::Algorithm::Sha256
+        .digest_bytes(text.as_bytes())
+        .to_string()
+}
+
+fn psql(url: &str, sql: &str) -> Result<String> {
+    let out = Command::new("psql")
+        .args(["-d", url, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql])
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        bail!("psql: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The SQL that grows an empty (migrated) store to `volumes` volumes.
+fn load_sql(args: &ScaleArgs, volumes: u64) -> String {
+    let (k, c, n) = (args.versions, args.chunks, args.new_per_version);
+    let per_volume = c + (k - 1) * n;
+    let volume_type = vial_core::volume::VOLUME_ARTIFACT_TYPE;
+    format!(
+        "SET session_replication_role = replica;
+         INSERT INTO repositories (name, created_at)
+           SELECT 'scale/v' || v, 0 FROM generate_series(0, {last_volume}) v;
+         CREATE TEMP TABLE chunk AS
+           SELECT r.id AS rid, v, i,
+                  'sha256:' || encode(sha256(convert_to('scale ' || v || ' ' || i, 'UTF8')), 'hex') AS digest
+             FROM generate_series(0, {last_volume}) v
+             JOIN repositories r ON r.name = 'scale/v' || v
+            CROSS JOIN generate_series(0, {last_chunk}) i;
+         INSERT INTO blobs (digest, size, created_at, touched_at) SELECT digest, 1048576, 0, 0 FROM chunk;
+         INSERT INTO repository_blobs (repository_id, digest, created_at) SELECT rid, digest, 0 FROM chunk;
+         INSERT INTO gc_candidates (digest) SELECT digest FROM chunk;
+         CREATE TEMP TABLE version AS
+           SELECT r.id AS rid, v, k,
+                  'sha256:' || encode(sha256(convert_to('index ' || v || ' ' || k, 'UTF8')), 'hex') AS idx,
+                  'sha256:' || encode(sha256(convert_to('part ' || v || ' ' || k, 'UTF8')), 'hex') AS part
+             FROM generate_series(0, {last_volume}) v
+             JOIN repositories r ON r.name = 'scale/v' || v
+            CROSS JOIN generate_series(0, {last_version}) k;
+         INSERT INTO manifests (repository_id, digest, media_type, artifact_type, size, content, created_at)
+           SELECT rid, idx, 'application/vnd.oci.image.index.v1+json', '{volume_type}', 2, convert_to('{{}}', 'UTF8'), k FROM version
+           UNION ALL
+           SELECT rid, part, 'application/vnd.oci.image.manifest.v1+json', NULL, 2, convert_to('{{}}', 'UTF8'), k FROM version;
+         INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
+           SELECT rid, idx, part, true FROM version;
+         INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
+           SELECT ver.rid, ver.part, c.digest, false
+             FROM version ver JOIN chunk c ON c.v = ver.v AND c.i >= ver.k * {n} AND c.i < ver.k * {n} + {c};
+         INSERT INTO tags (repository_id, name, manifest_digest, updated_at)
+           SELECT rid, 'latest', idx, 0 FROM version WHERE k = {last_version};
+         SET session_replication_role = DEFAULT;
+         ANALYZE;",
+        last_volume = volumes - 1,
+        last_chunk = per_volume - 1,
+        last_version = k - 1,
+    )
+}
+
+async fn timed<F, T>(f: F) -> Result<(f64, T)>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let t = Instant::now();
+    let v = f.await?;
+    Ok((t.elapsed().as_secs_f64() * 1000.0, v))
+}
+
+async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
+    let per_volume = args.chunks + (args.versions - 1) * args.new_per_version;
+    let volumes = target.div_ceil(per_volume).max(2);
+    let dir = work.join(format!("scale-{target}"));
+    std::fs::create_dir_all(&dir)?;
+    let pg = Postgres::start(&args.pg_bin, &dir)?;
+    let url = pg.url();
+    // Deleted versions go at the next pass; the schedule is off, so passes run when asked.
+    let serve_args: Vec<String> = [
+        "--metadata-url",
+        &url,
+        "--retention",
+        "0s",
+        "--gc-interval",
+        "0s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = servers::start_vial_with(&args.vial, &dir.join("vial"), &serve_args, &[])?;
+    let base = server.url("")?.to_string();
+    let base = base.trim_end_matches('/').to_owned();
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    http.get(format!("{base}/v2/"))
+        .send()
+        .await
+        .context("vial does not answer")?;
+
+    let mut run = Run {
+        volumes,
+        ..Run::default()
+    };
+    eprintln!("vial-bench: scale: loading {volumes} volumes of {per_volume} blobs");
+    let t = Instant::now();
+    psql(&url, &load_sql(args, volumes))?;
+    run.load_seconds = t.elapsed().as_secs_f64();
+    run.blobs = psql(&url, "SELECT count(*) FROM blobs")?.parse()?;
+    run.references = psql(&url, "SELECT count(*) FROM manifest_references")?.parse()?;
+
+    let chunk = |v: u64, i: u64| digest(&format!("scale {v} {i}"));
+    // Presence check of 4,096 digests of one volume: the first call touches them all, the later
+    // ones find them touched.
+    let asked: Vec<String> = (0..4096).map(|i| chunk(0, i)).collect();
+    let body = serde_json::json!({ "digests": asked });
+    let mut ms = Vec::new();
+    for _ in 0..5 {
+        let (t, r) = timed(async {
+            Ok(http
+                .post(format!("{base}/v2/scale/v0/_vial/blobs/present"))
+                .json(&body)
+                .send()
+                .await?)
+        })
+        .await?;
+        if !r.status().is_success() {
+            bail!("presence check answered {}", r.status());
+        }
+        ms.push(t);
+    }
+    run.presence_4096_ms = median(&ms);
+
+    // A manifest of 1,000 layers the repository holds.
+    let layer = |i: u64| serde_json::json!({"mediaType": "application/octet-stream", "digest": chunk(1, i), "size": 1048576});
+    ms.clear();
+    for n in 0..5u64 {
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": chunk(1, 0), "size": 1048576},
+            "layers": (0..1000).map(layer).collect::<Vec<_>>(),
+            "annotations": {"run": n.to_string()},
+        });
+        let (t, r) = timed(async {
+            Ok(http
+                .put(format!("{base}/v2/scale/v1/manifests/put-{n}"))
+                .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+                .body(serde_json::to_vec(&manifest)?)
+                .send()
+                .await?)
+        })
+        .await?;
+        if r.status() != 201 {
+            bail!("manifest PUT answered {}: {}", r.status(), r.text().await?);
+        }
+        ms.push(t);
+    }
+    run.manifest_put_1000_ms = median(&ms);
+
+    // Blob HEADs spread over every volume.
+    ms.clear();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..1000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let (v, i) = (x % volumes, (x >> 20) % per_volume);
+        let (t, r) = timed(async {
+            Ok(http
+                .head(format!("{base}/v2/scale/v{v}/blobs/{}", chunk(v, i)))
+                .send()
+                .await?)
+        })
+        .await?;
+        if r.status() != 200 {
+            bail!("blob HEAD answered {}", r.status());
+        }
+        ms.push(t);
+    }
+    ms.sort_by(f64::total_cmp);
+    run.head_p50_ms = ms.get(ms.len() / 2).copied();
+    run.head_p99_ms = ms.get(ms.len() * 99 / 100).copied();
+
+    ms.clear();
+    for _ in 0..5 {
+        let (t, r) = timed(async {
+            Ok(http
+                .get(format!("{base}/v2/scale/v2/_vial/versions"))
+                .send()
+                .await?)
+        })
+        .await?;
+        if r.status() != 200 {
+            bail!("versions listing answered {}", r.status());
+        }
+        ms.push(t);
+    }
+    run.versions_listing_ms = median(&ms);
+
+    let gc = |dry: bool| {
+        let http = http.clone();
+        let url = format!(
+            "{base}/v2/_vial/gc{}",
+            if dry { "?dry-run=true" } else { "" }
+        );
+        async move {
+            let t = Instant::now();
+            let r = http.post(url).send().await?;
+            if r.status() != 200 {
+                bail!("gc answered {}: {}", r.status(), r.text().await?);
+            }
+            let report: serde_json::Value = r.json().await?;
+            Ok::<_, anyhow::Error>((t.elapsed().as_secs_f64(), report))
+        }
+    };
+    let count = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
+    // The first pass after the load looks at every seeded candidate once, as after migration 6.
+    let (secs, first) = gc(false).await?;
+    run.first_pass_seconds = secs;
+    run.first_pass_examined = count(&first, "examined");
+
+    // Delete the oldest 5% of every volume's versions.
+    let per = (args.versions / 20).max(1);
+    for v in 0..volumes {
+        for k in 0..per {
+            let idx = digest(&format!("index {v} {k}"));
+            let r = http
+                .delete(format!("{base}/v2/scale/v{v}/manifests/{idx}"))
+                .send()
+                .await?;
+            if r.status() != 202 {
+                bail!("DELETE answered {}", r.status());
+            }
+            run.versions_deleted += 1;
+        }
+    }
+    let (secs, dry) = gc(true).await?;
+    run.dry_run_seconds = secs;
+    run.dry_run_blobs = count(&dry, "blobs");
+    let (secs, pass) = gc(false).await?;
+    run.pass_seconds = secs;
+    run.pass_blobs = count(&pass, "blobs");
+    run.pass_examined = count(&pass, "examined");
+    run.blobs_per_second = run.pass_blobs as f64 / secs;
+
+    for t in [
+        "blobs",
+        "repository_blobs",
+        "manifest_references",
+        "manifests",
+        "gc_candidates",
+    ] {
+        let bytes: f64 = psql(&url, &format!("SELECT pg_total_relation_size('{t}')"))?.parse()?;
+        run.table_mb.push((t.to_owned(), bytes / 1e6));
+    }
+    server.stop_and_delete()?;
+    drop(pg);
+    std::fs::remove_dir_all(&dir)?;
+    Ok(run)
+}
+
+pub async fn scale(args: ScaleArgs) -> Result<()> {
+    if args.versions < 2 || args.chunks == 0 || args.new_per_version == 0 {
+        bail!("--versions must be at least 2, --chunks and --new-per-version at least 1");
+    }
+    let parent = args.workdir.clone().unwrap_or_else(servers::default_parent);
+    let work = servers::WorkDir::create(&parent, false)?;
+    let mut runs = Vec::new();
+    for &n in &args.blobs {
+        runs.push(run_size(&args, n, &work.path).await?);
+    }
+    let ms = |v: Option<f64>| num(v, 1);
+    let mut rows = vec![
+        vec!["blob rows".to_owned()],
+        vec!["manifest_references rows".to_owned()],
+        vec!["load (s)".to_owned()],
+        vec!["presence check, 4,096 digests (ms)".to_owned()],
+        vec!["manifest PUT, 1,000 layers (ms)".to_owned()],
+        vec!["blob HEAD p50 / p99 (ms)".to_owned()],
+        vec!["versions listing (ms)".to_owned()],
+        vec!["first pass after the load: s / candidates".to_owned()],
+        vec!["versions deleted".to_owned()],
+        vec!["GC dry run: s / blobs".to_owned()],
+        vec!["GC pass: s / blobs / candidates".to_owned()],
+        vec!["GC pass: blobs per second".to_owned()],
+    ];
+    for r in &runs {
+        let cells = [
+            r.blobs.to_string(),
+            r.references.to_string(),
+            format!("{:.0}", r.load_seconds),
+            ms(r.presence_4096_ms),
+            ms(r.manifest_put_1000_ms),
+            format!("{} / {}", ms(r.head_p50_ms), ms(r.head_p99_ms)),
+            ms(r.versions_listing_ms),
+            format!("{:.2} / {}", r.first_pass_seconds, r.first_pass_examined),
+            r.versions_deleted.to_string(),
+            format!("{:.2} / {}", r.dry_run_seconds, r.dry_run_blobs),
+            format!(
+                "{:.2} / {} / {}",
+                r.pass_seconds, r.pass_blobs, r.pass_examined
+            ),
+            format!("{:.0}", r.blobs_per_second),
+        ];
+        for (row, cell) in rows.iter_mut().zip(cells) {
+            row.push(cell);
+        }
+    }
+    for t in ["blobs", "repository_blobs", "manifest_references", "manifests", "gc_candidates"] {
+        let mut row = vec![format!("{t} with indexes (MB)")];
+        for r in &runs {
+            let mb = r.table_mb.iter().find(|(n, _)| n == t).map(|(_, mb)| *mb);
+            row.push(num(mb, 0));
+        }
+        rows.push(row);
+    }
+    let mut header = vec!["PostgreSQL metadata store".to_owned()];
+    header.extend(args.blobs.iter().map(|n| format!("{n} blobs")));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    table(
+        &format!(
+            "metadata at scale: volumes of {} versions x {} chunks, {} new per version",
+            args.versions, args.chunks, args.new_per_version
+        ),
+        &header,
+        &rows,
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&runs)?)?;
+    }
+    Ok(())
+}
