@@ -55,11 +55,17 @@ fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 impl SqlMetadataStore {
-    /// ` FOR SHARE` on PostgreSQL; SQLite's single writer needs no row locks.
-    fn share_lock(&self) -> &'static str {
+    /// The values of the JSON array `$1` for which a row of `rows` (`TABLE alias WHERE …`, with
+    /// the value as `c.value`) exists, one such row taken `FOR SHARE` on PostgreSQL.
+    fn held_by(&self, rows: &str) -> String {
         match self.dialect {
-            Dialect::Postgres => " FOR SHARE",
-            Dialect::Sqlite => "",
+            Dialect::Postgres => format!(
+                "SELECT c.value FROM json_array_elements_text(CAST($1 AS json)) AS c(value)
+                  CROSS JOIN LATERAL (SELECT 1 FROM {rows} LIMIT 1 FOR SHARE) AS held"
+            ),
+            Dialect::Sqlite => {
+                format!("SELECT c.value FROM json_each($1) AS c WHERE EXISTS (SELECT 1 FROM {rows})")
+            }
         }
     }
 
@@ -209,26 +215,21 @@ impl GcMeta for SqlMetadataStore {
         }
         let set = text_list(batch.iter().map(String::as_str));
         let mut tx = self.writer.begin().await?;
-        // Candidates that something still holds stop being candidates. The rows that hold them
-        // stay locked until this commits, so a purge or collection removing one waits, and its
-        // trigger queues the blob again after this transaction deleted it.
-        let lock = self.share_lock();
-        let referenced: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT r.target_digest FROM manifest_references r
-              WHERE r.target_digest IN (SELECT value FROM {}) AND r.is_manifest = $2{lock}",
-            self.dialect.text_set("$1")
+        // Candidates that something still holds stop being candidates. One row holding each
+        // stays locked until this commits, so the last of them can only go after this
+        // transaction dropped the candidate, and its trigger then queues the blob again.
+        let referenced: Vec<String> = sqlx::query_scalar(&self.held_by(
+            "manifest_references r WHERE r.target_digest = c.value AND r.is_manifest = $2",
         ))
         .bind(&set)
         .bind(false)
         .fetch_all(&mut *tx)
         .await?;
-        let sources: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT a.source_digest FROM blobs a WHERE a.source_digest IN (SELECT value FROM {}){lock}",
-            self.dialect.text_set("$1")
-        ))
-        .bind(&set)
-        .fetch_all(&mut *tx)
-        .await?;
+        let sources: Vec<String> =
+            sqlx::query_scalar(&self.held_by("blobs a WHERE a.source_digest = c.value"))
+                .bind(&set)
+                .fetch_all(&mut *tx)
+                .await?;
         let rows = sqlx::query(&format!(
             "SELECT {GARBAGE}, b.touched_at FROM blobs b WHERE b.digest IN (SELECT value FROM {})",
             self.dialect.text_set("$1")
@@ -363,16 +364,13 @@ impl GcMeta for SqlMetadataStore {
         }
         let set = text_list(batch.iter().map(String::as_str));
         let mut tx = self.writer.begin().await?;
-        // Packs a chunk lives in stop being candidates; the chunks stay locked until this
-        // commits, so a collection removing one queues its pack again after this deleted it.
-        let used: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT b.pack_id FROM blobs b WHERE b.pack_id IN (SELECT value FROM {}){}",
-            self.dialect.text_set("$1"),
-            self.share_lock()
-        ))
-        .bind(&set)
-        .fetch_all(&mut *tx)
-        .await?;
+        // Packs a chunk lives in stop being candidates; one such chunk stays locked until this
+        // commits, so a collection removing the last one queues its pack again after this.
+        let used: Vec<String> =
+            sqlx::query_scalar(&self.held_by("blobs b WHERE b.pack_id = c.value"))
+                .bind(&set)
+                .fetch_all(&mut *tx)
+                .await?;
         let rows = sqlx::query(&format!(
             "SELECT p.id, p.size,
                     CAST(CASE WHEN p.committed AND p.created_at < $2 THEN 1 ELSE 0 END AS BIGINT) AS ripe
