@@ -64,6 +64,7 @@ struct Run {
     dry_run_seconds: f64,
     dry_run_blobs: u64,
     pass_seconds: f64,
+    purge_seconds: f64,
     pass_blobs: u64,
     pass_examined: u64,
     blobs_per_second: f64,
@@ -312,6 +313,7 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
     run.pass_seconds = secs;
     run.pass_blobs = count(&pass, "blobs");
     run.pass_examined = count(&pass, "examined");
+    run.purge_seconds = pass["purge_seconds"].as_f64().unwrap_or(0.0);
     run.blobs_per_second = run.pass_blobs as f64 / secs;
 
     for t in [
@@ -353,6 +355,7 @@ pub async fn scale(args: ScaleArgs) -> Result<()> {
         vec!["versions deleted".to_owned()],
         vec!["GC dry run: s / blobs".to_owned()],
         vec!["GC pass: s / blobs / candidates".to_owned()],
+        vec!["of which purging the deleted versions (s)".to_owned()],
         vec!["GC pass: blobs per second".to_owned()],
     ];
     for r in &runs {
@@ -371,13 +374,20 @@ pub async fn scale(args: ScaleArgs) -> Result<()> {
                 "{:.2} / {} / {}",
                 r.pass_seconds, r.pass_blobs, r.pass_examined
             ),
+            format!("{:.2}", r.purge_seconds),
             format!("{:.0}", r.blobs_per_second),
         ];
         for (row, cell) in rows.iter_mut().zip(cells) {
             row.push(cell);
         }
     }
-    for t in ["blobs", "repository_blobs", "manifest_references", "manifests", "gc_candidates"] {
+    for t in [
+        "blobs",
+        "repository_blobs",
+        "manifest_references",
+        "manifests",
+        "gc_candidates",
+    ] {
         let mut row = vec![format!("{t} with indexes (MB)")];
         for r in &runs {
             let mb = r.table_mb.iter().find(|(n, _)| n == t).map(|(_, mb)| *mb);

@@ -31,25 +31,43 @@ BEGIN
 END $$;
 CREATE TRIGGER gc_new_pack AFTER INSERT ON packs FOR EACH ROW EXECUTE FUNCTION vial_gc_new_pack();
 
--- A manifest's blob references go when it is purged (ON DELETE CASCADE fires this too).
-CREATE FUNCTION vial_gc_lost_reference() RETURNS trigger LANGUAGE plpgsql AS $$
+-- A manifest's blob references go when it is purged (ON DELETE CASCADE fires this too). Once per
+-- statement, over all the rows it removed: a purge removes thousands at once.
+CREATE FUNCTION vial_gc_lost_references() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO gc_candidates (digest) VALUES (OLD.target_digest) ON CONFLICT DO NOTHING;
+    INSERT INTO gc_candidates (digest)
+        SELECT DISTINCT target_digest FROM gone WHERE NOT is_manifest
+        ON CONFLICT DO NOTHING;
     RETURN NULL;
 END $$;
 CREATE TRIGGER gc_lost_reference AFTER DELETE ON manifest_references
-    FOR EACH ROW WHEN (NOT OLD.is_manifest) EXECUTE FUNCTION vial_gc_lost_reference();
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION vial_gc_lost_references();
 
--- A range chunk that goes, or moves to bytes of its own, frees its source blob or pack.
-CREATE FUNCTION vial_gc_lost_range() RETURNS trigger LANGUAGE plpgsql AS $$
+-- A range chunk that goes frees its source blob or pack; collection removes a batch at once.
+CREATE FUNCTION vial_gc_lost_ranges() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF OLD.source_digest IS NOT NULL AND (TG_OP = 'DELETE' OR OLD.source_digest IS DISTINCT FROM NEW.source_digest) THEN
+    INSERT INTO gc_candidates (digest)
+        SELECT DISTINCT source_digest FROM gone WHERE source_digest IS NOT NULL
+        ON CONFLICT DO NOTHING;
+    INSERT INTO gc_pack_candidates (pack_id)
+        SELECT DISTINCT pack_id FROM gone WHERE pack_id IS NOT NULL
+        ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER gc_lost_range AFTER DELETE ON blobs
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION vial_gc_lost_ranges();
+
+-- A range chunk that moves to bytes of its own frees them too (a row at a time: such moves are
+-- single uploads, and a statement trigger on every UPDATE would also fire for every touch).
+CREATE FUNCTION vial_gc_moved_range() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.source_digest IS NOT NULL AND OLD.source_digest IS DISTINCT FROM NEW.source_digest THEN
         INSERT INTO gc_candidates (digest) VALUES (OLD.source_digest) ON CONFLICT DO NOTHING;
     END IF;
-    IF OLD.pack_id IS NOT NULL AND (TG_OP = 'DELETE' OR OLD.pack_id IS DISTINCT FROM NEW.pack_id) THEN
+    IF OLD.pack_id IS NOT NULL AND OLD.pack_id IS DISTINCT FROM NEW.pack_id THEN
         INSERT INTO gc_pack_candidates (pack_id) VALUES (OLD.pack_id) ON CONFLICT DO NOTHING;
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER gc_lost_range AFTER DELETE OR UPDATE OF source_digest, pack_id ON blobs
-    FOR EACH ROW EXECUTE FUNCTION vial_gc_lost_range();
+CREATE TRIGGER gc_moved_range AFTER UPDATE OF source_digest, pack_id ON blobs
+    FOR EACH ROW EXECUTE FUNCTION vial_gc_moved_range();

@@ -34,6 +34,8 @@ pub struct GcReport {
     /// their last reference since the last pass, never every blob.
     pub examined: u64,
     pub seconds: f64,
+    /// Of `seconds`, the time removing expired deleted versions took.
+    pub purge_seconds: f64,
 }
 
 /// Counters for `/metrics`.
@@ -71,6 +73,7 @@ pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, Storag
         report.bytes = estimate.bytes;
     } else {
         report.manifests_purged = crate::purge_deleted(state).await;
+        report.purge_seconds = started.elapsed().as_secs_f64();
         let cutoff = cutoff(&state.config);
         collect_blobs(state, cutoff, &mut report).await?;
         // Packs whose chunks have all been collected go last (a pack is kept while any chunk

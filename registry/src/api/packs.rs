@@ -30,7 +30,7 @@ pub const MAX_PACK_CHUNKS: usize = 8192;
 /// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
 const MAX_LIST_BYTES: usize = 1 << 20;
 /// Body frames queued for the chunk hasher of one pack.
-const HASH_QUEUE: usize = 8;
+const HASH_QUEUE: usize = 4;
 
 /// The first line of a pack: its chunks, in the order their bytes follow.
 #[derive(Deserialize)]

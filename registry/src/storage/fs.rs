@@ -20,7 +20,7 @@ const READ_CHUNK: usize = 1024 * 1024;
 const READ_QUEUE: usize = 4;
 /// Body frames buffered between the network and the writer thread of one upload. Small, so that
 /// many concurrent uploads stay within a few MiB each.
-const WRITE_QUEUE: usize = 8;
+const WRITE_QUEUE: usize = 4;
 
 #[derive(Debug, Clone)]
 pub struct FsBlobStore {

@@ -55,6 +55,52 @@ fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 impl SqlMetadataStore {
+    /// The next `limit` candidates of `table` (its key `column`) after `after`, and where the
+    /// batch after them starts (`None`: this is the last).
+    async fn candidate_batch(
+        &self,
+        table: &str,
+        column: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<(Vec<String>, Option<String>), StorageError> {
+        let batch: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT {column} FROM {table} WHERE {column} > $1 ORDER BY {column} LIMIT $2"
+        ))
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.writer)
+        .await?;
+        let next = (batch.len() as u32 == limit)
+            .then(|| batch.last().cloned())
+            .flatten();
+        Ok((batch, next))
+    }
+
+    /// Drops the candidates of `batch` that are `held` (something still references them) or not
+    /// `existing` any more from `table`.
+    async fn drop_settled(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        (table, column): (&str, &str),
+        batch: &[String],
+        held: &HashSet<&str>,
+        existing: &HashSet<String>,
+    ) -> Result<(), StorageError> {
+        let settled = batch
+            .iter()
+            .map(String::as_str)
+            .filter(|c| held.contains(c) || !existing.contains(*c));
+        sqlx::query(&format!(
+            "DELETE FROM {table} WHERE {column} IN (SELECT value FROM {})",
+            self.dialect.text_set("$1")
+        ))
+        .bind(text_list(settled))
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
     /// The values of the JSON array `$1` for which a row of `rows` (`TABLE alias WHERE …`, with
     /// the value as `c.value`) exists, one such row taken `FOR SHARE` on PostgreSQL.
     fn held_by(&self, rows: &str) -> String {
@@ -64,7 +110,9 @@ impl SqlMetadataStore {
                   CROSS JOIN LATERAL (SELECT 1 FROM {rows} LIMIT 1 FOR SHARE) AS held"
             ),
             Dialect::Sqlite => {
-                format!("SELECT c.value FROM json_each($1) AS c WHERE EXISTS (SELECT 1 FROM {rows})")
+                format!(
+                    "SELECT c.value FROM json_each($1) AS c WHERE EXISTS (SELECT 1 FROM {rows})"
+                )
             }
         }
     }
@@ -198,18 +246,9 @@ impl GcMeta for SqlMetadataStore {
         touched_before: i64,
         limit: u32,
     ) -> Result<Candidates<Garbage>, StorageError> {
-        let batch: Vec<String> = sqlx::query_scalar(
-            "SELECT digest FROM gc_candidates WHERE digest > $1 ORDER BY digest LIMIT $2",
-        )
-        .bind(after.unwrap_or(""))
-        .bind(i64::from(limit))
-        .fetch_all(&self.writer)
-        .await?;
-        let next = if batch.len() as u32 == limit {
-            batch.last().cloned()
-        } else {
-            None
-        };
+        let (batch, next) = self
+            .candidate_batch("gc_candidates", "digest", after, limit)
+            .await?;
         if batch.is_empty() {
             return Ok(Candidates::default());
         }
@@ -252,16 +291,13 @@ impl GcMeta for SqlMetadataStore {
                 ready.push(garbage);
             }
         }
-        let settled = batch
-            .iter()
-            .map(String::as_str)
-            .filter(|d| held.contains(d) || !existing.contains(*d));
-        sqlx::query(&format!(
-            "DELETE FROM gc_candidates WHERE digest IN (SELECT value FROM {})",
-            self.dialect.text_set("$1")
-        ))
-        .bind(text_list(settled))
-        .execute(&mut *tx)
+        self.drop_settled(
+            &mut tx,
+            ("gc_candidates", "digest"),
+            &batch,
+            &held,
+            &existing,
+        )
         .await?;
         tx.commit().await?;
         Ok(Candidates {
@@ -347,18 +383,9 @@ impl GcMeta for SqlMetadataStore {
         created_before: i64,
         limit: u32,
     ) -> Result<Candidates<(PackId, u64)>, StorageError> {
-        let batch: Vec<String> = sqlx::query_scalar(
-            "SELECT pack_id FROM gc_pack_candidates WHERE pack_id > $1 ORDER BY pack_id LIMIT $2",
-        )
-        .bind(after.unwrap_or(""))
-        .bind(i64::from(limit))
-        .fetch_all(&self.writer)
-        .await?;
-        let next = if batch.len() as u32 == limit {
-            batch.last().cloned()
-        } else {
-            None
-        };
+        let (batch, next) = self
+            .candidate_batch("gc_pack_candidates", "pack_id", after, limit)
+            .await?;
         if batch.is_empty() {
             return Ok(Candidates::default());
         }
@@ -393,16 +420,13 @@ impl GcMeta for SqlMetadataStore {
             }
             existing.insert(id);
         }
-        let settled = batch
-            .iter()
-            .map(String::as_str)
-            .filter(|p| used.contains(p) || !existing.contains(*p));
-        sqlx::query(&format!(
-            "DELETE FROM gc_pack_candidates WHERE pack_id IN (SELECT value FROM {})",
-            self.dialect.text_set("$1")
-        ))
-        .bind(text_list(settled))
-        .execute(&mut *tx)
+        self.drop_settled(
+            &mut tx,
+            ("gc_pack_candidates", "pack_id"),
+            &batch,
+            &used,
+            &existing,
+        )
         .await?;
         tx.commit().await?;
         Ok(Candidates {
