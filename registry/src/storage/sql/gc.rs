@@ -34,7 +34,7 @@ const DELETIONS_AT_ONCE: usize = 16;
 const DIGEST_INDEX: &str = "repository_blobs_by_digest";
 
 /// Candidates the dry run reads at once.
-const ESTIMATE_BATCH: usize = 1000;
+const ESTIMATE_BATCH: u32 = 1000;
 
 fn garbage_from_row(row: &AnyRow) -> Result<Garbage, StorageError> {
     let digest: String = row.try_get("digest")?;
@@ -98,6 +98,84 @@ impl SqlMetadataStore {
         .bind(text_list(settled))
         .execute(&mut **tx)
         .await?;
+        Ok(())
+    }
+
+    /// Adds to `estimate` the blobs of `batch` that are garbage once the `doomed` manifests (a
+    /// [`text_list`] of `repository id:digest`) are gone, counting in `freed` the chunks of each
+    /// pack that go.
+    async fn estimate_blobs(
+        &self,
+        batch: &[String],
+        touched_before: i64,
+        doomed: &str,
+        estimate: &mut GcEstimate,
+        freed: &mut HashMap<String, u64>,
+    ) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // Unreferenced once the doomed manifests are gone: every reference is from one.
+        let rows = sqlx::query(&format!(
+            "SELECT {GARBAGE} FROM blobs b
+              WHERE b.digest IN (SELECT value FROM {}) AND b.touched_at < $2
+                AND NOT EXISTS (SELECT 1 FROM manifest_references r
+                                 WHERE r.target_digest = b.digest AND r.is_manifest = $3
+                                   AND NOT (CAST(r.repository_id AS TEXT) || ':' || r.manifest_digest)
+                                       IN (SELECT value FROM {}))
+                AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)",
+            self.dialect.text_set("$1"),
+            self.dialect.text_set("$4"),
+        ))
+        .bind(text_list(batch.iter().map(String::as_str)))
+        .bind(touched_before)
+        .bind(false)
+        .bind(doomed)
+        .fetch_all(&self.reader)
+        .await?;
+        for row in &rows {
+            let g = garbage_from_row(row)?;
+            estimate.blobs += 1;
+            if g.own_bytes {
+                estimate.bytes += g.size;
+            }
+            if let Some(pack) = g.pack {
+                *freed.entry(pack.as_str().to_owned()).or_default() += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds to `estimate` the packs of `batch` old enough to collect whose every chunk is among
+    /// those `freed`.
+    async fn estimate_packs(
+        &self,
+        batch: &[String],
+        created_before: i64,
+        freed: &HashMap<String, u64>,
+        estimate: &mut GcEstimate,
+    ) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let rows = sqlx::query(&format!(
+            "SELECT p.id, p.size, (SELECT COUNT(*) FROM blobs b WHERE b.pack_id = p.id) AS live
+               FROM packs p WHERE p.id IN (SELECT value FROM {}) AND p.committed AND p.created_at < $2",
+            self.dialect.text_set("$1")
+        ))
+        .bind(text_list(batch.iter().map(String::as_str)))
+        .bind(created_before)
+        .fetch_all(&self.reader)
+        .await?;
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            let size: i64 = row.try_get("size")?;
+            let live: i64 = row.try_get("live")?;
+            if live as u64 <= freed.get(&id).copied().unwrap_or(0) {
+                estimate.packs += 1;
+                estimate.bytes += size as u64;
+            }
+        }
         Ok(())
     }
 
@@ -502,83 +580,82 @@ impl GcMeta for SqlMetadataStore {
     ) -> Result<GcEstimate, StorageError> {
         let doomed = self.doomed_manifests(purged).await?;
         let doomed_set = text_list(doomed.iter().map(String::as_str));
-        // The candidates a pass would look at: the queued ones, and the blobs the purged
-        // manifests reference (their rows go, and the trigger queues them, during the pass).
-        let mut candidates: Vec<String> = sqlx::query_scalar("SELECT digest FROM gc_candidates")
-            .fetch_all(&self.reader)
+        let mut estimate = GcEstimate::default();
+        let mut freed: HashMap<String, u64> = HashMap::new();
+        // The candidates a pass would look at: the queued ones, a page at a time...
+        let mut after: Option<String> = None;
+        loop {
+            let (batch, next) = self
+                .candidate_batch("gc_candidates", "digest", after.as_deref(), ESTIMATE_BATCH)
+                .await?;
+            self.estimate_blobs(
+                &batch,
+                touched_before,
+                &doomed_set,
+                &mut estimate,
+                &mut freed,
+            )
             .await?;
-        let mut seen: HashSet<String> = candidates.iter().cloned().collect();
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        // ...and the blobs the purged manifests reference that are not queued yet (their rows
+        // go, and the trigger queues them, during the pass).
+        let mut unqueued: HashSet<String> = HashSet::new();
         for key in &doomed {
             let Some((id, digest)) = key.split_once(':') else {
                 continue;
             };
             let targets: Vec<String> = sqlx::query_scalar(
-                "SELECT target_digest FROM manifest_references
-                  WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
+                "SELECT r.target_digest FROM manifest_references r
+                  WHERE r.repository_id = $1 AND r.manifest_digest = $2 AND r.is_manifest = $3
+                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.digest = r.target_digest)",
             )
             .bind(id.parse::<i64>().unwrap_or(-1))
             .bind(digest)
             .bind(false)
             .fetch_all(&self.reader)
             .await?;
-            candidates.extend(targets.into_iter().filter(|t| seen.insert(t.clone())));
+            unqueued.extend(targets);
         }
-        let mut estimate = GcEstimate::default();
-        let mut freed_chunks: HashMap<String, u64> = HashMap::new();
-        for batch in candidates.chunks(ESTIMATE_BATCH) {
-            // Unreferenced once the doomed manifests are gone: every reference is from one.
-            let rows = sqlx::query(&format!(
-                "SELECT {GARBAGE} FROM blobs b
-                  WHERE b.digest IN (SELECT value FROM {}) AND b.touched_at < $2
-                    AND NOT EXISTS (SELECT 1 FROM manifest_references r
-                                     WHERE r.target_digest = b.digest AND r.is_manifest = $3
-                                       AND NOT (CAST(r.repository_id AS TEXT) || ':' || r.manifest_digest)
-                                           IN (SELECT value FROM {}))
-                    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)",
-                self.dialect.text_set("$1"),
-                self.dialect.text_set("$4"),
-            ))
-            .bind(text_list(batch.iter().map(String::as_str)))
-            .bind(touched_before)
-            .bind(false)
-            .bind(&doomed_set)
-            .fetch_all(&self.reader)
+        let unqueued: Vec<String> = unqueued.into_iter().collect();
+        for batch in unqueued.chunks(ESTIMATE_BATCH as usize) {
+            self.estimate_blobs(
+                batch,
+                touched_before,
+                &doomed_set,
+                &mut estimate,
+                &mut freed,
+            )
             .await?;
-            for row in &rows {
-                let g = garbage_from_row(row)?;
-                estimate.blobs += 1;
-                if g.own_bytes {
-                    estimate.bytes += g.size;
-                }
-                if let Some(pack) = g.pack {
-                    *freed_chunks.entry(pack.as_str().to_owned()).or_default() += 1;
-                }
-            }
         }
-        // Packs: those queued, and those every chunk of which goes.
-        let queued: Vec<String> = sqlx::query_scalar("SELECT pack_id FROM gc_pack_candidates")
-            .fetch_all(&self.reader)
-            .await?;
-        let mut packs: Vec<String> = freed_chunks.keys().cloned().collect();
-        packs.extend(queued.into_iter().filter(|p| !freed_chunks.contains_key(p)));
-        for batch in packs.chunks(ESTIMATE_BATCH) {
-            let rows = sqlx::query(&format!(
-                "SELECT p.id, p.size, (SELECT COUNT(*) FROM blobs b WHERE b.pack_id = p.id) AS live
-                   FROM packs p WHERE p.id IN (SELECT value FROM {}) AND p.committed AND p.created_at < $2",
-                self.dialect.text_set("$1")
-            ))
-            .bind(text_list(batch.iter().map(String::as_str)))
-            .bind(created_before)
-            .fetch_all(&self.reader)
-            .await?;
-            for row in &rows {
-                let id: String = row.try_get("id")?;
-                let size: i64 = row.try_get("size")?;
-                let live: i64 = row.try_get("live")?;
-                if live as u64 <= freed_chunks.get(&id).copied().unwrap_or(0) {
-                    estimate.packs += 1;
-                    estimate.bytes += size as u64;
-                }
+        // Packs every chunk of which goes, then the queued ones no chunk lives in.
+        let freeing: Vec<String> = freed.keys().cloned().collect();
+        for batch in freeing.chunks(ESTIMATE_BATCH as usize) {
+            self.estimate_packs(batch, created_before, &freed, &mut estimate)
+                .await?;
+        }
+        let mut after: Option<String> = None;
+        loop {
+            let (batch, next) = self
+                .candidate_batch(
+                    "gc_pack_candidates",
+                    "pack_id",
+                    after.as_deref(),
+                    ESTIMATE_BATCH,
+                )
+                .await?;
+            let batch: Vec<String> = batch
+                .into_iter()
+                .filter(|p| !freed.contains_key(p))
+                .collect();
+            self.estimate_packs(&batch, created_before, &freed, &mut estimate)
+                .await?;
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
             }
         }
         Ok(estimate)
