@@ -179,6 +179,27 @@ impl SqlMetadataStore {
         Ok(())
     }
 
+    /// Takes the rows of `table` whose `column` is in the JSON array `set` `FOR UPDATE`, in
+    /// `column` order, on PostgreSQL; SQLite runs every write transaction alone.
+    async fn lock_rows(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        (table, column): (&str, &str),
+        set: &str,
+    ) -> Result<(), StorageError> {
+        if self.dialect == Dialect::Postgres {
+            sqlx::query(&format!(
+                "SELECT {column} FROM {table} WHERE {column} IN
+                   (SELECT value FROM json_array_elements_text(CAST($1 AS json)))
+                  ORDER BY {column} FOR UPDATE"
+            ))
+            .bind(set)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Ok(())
+    }
+
     /// The values of the JSON array `$1` for which a row of `rows` (`TABLE alias WHERE …`, with
     /// the value as `c.value`) exists, one such row taken `FOR SHARE` on PostgreSQL.
     fn held_by(&self, rows: &str) -> String {
@@ -396,18 +417,9 @@ impl GcMeta for SqlMetadataStore {
         }
         let set = digest_set(digests.iter());
         let mut tx = self.writer.begin().await?;
-        if self.dialect == Dialect::Postgres {
-            // Waits for manifest commits that hold these blobs (FOR SHARE, in the same digest
-            // order, so neither side deadlocks) and holds off new ones.
-            sqlx::query(
-                "SELECT digest FROM blobs WHERE digest IN
-                   (SELECT value FROM json_array_elements_text(CAST($1 AS json)))
-                  ORDER BY digest FOR UPDATE",
-            )
-            .bind(&set)
-            .execute(&mut *tx)
-            .await?;
-        }
+        // Waits for manifest commits that hold these blobs (FOR SHARE, in the same digest order,
+        // so neither side deadlocks) and holds off new ones.
+        self.lock_rows(&mut tx, ("blobs", "digest"), &set).await?;
         // Checked again now that the rows are held: a new statement sees every commit so far.
         let rows = sqlx::query(&format!(
             "SELECT {GARBAGE} FROM blobs b WHERE b.digest IN (SELECT value FROM {}) AND {UNREFERENCED}",
@@ -525,16 +537,7 @@ impl GcMeta for SqlMetadataStore {
         }
         let set = text_list(packs.iter().map(PackId::as_str));
         let mut tx = self.writer.begin().await?;
-        if self.dialect == Dialect::Postgres {
-            sqlx::query(
-                "SELECT id FROM packs WHERE id IN
-                   (SELECT value FROM json_array_elements_text(CAST($1 AS json)))
-                  ORDER BY id FOR UPDATE",
-            )
-            .bind(&set)
-            .execute(&mut *tx)
-            .await?;
-        }
+        self.lock_rows(&mut tx, ("packs", "id"), &set).await?;
         // Only the commit that created a pack ever makes a chunk live in it, so once no chunk
         // does, none ever will again: checking under the row locks is enough.
         let rows = sqlx::query(&format!(
