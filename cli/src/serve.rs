@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 use vial_registry::auth::AuthSettings;
-use vial_registry::config::{SyncSource, TlsFiles, DEFAULT_MAX_MANIFEST_SIZE};
+use vial_registry::config::{SyncSource, TlsFiles, UpstreamConfig, DEFAULT_MAX_MANIFEST_SIZE};
 use vial_registry::{BlobBackend, Config, MetadataBackend};
 
 #[derive(Debug, Args)]
@@ -149,6 +149,31 @@ pub struct ServeArgs {
     /// Retry-After. 0: no cap [default: 256].
     #[arg(long, env = "VIAL_MAX_UPLOADS_PER_CLIENT", value_name = "N")]
     max_uploads_per_client: Option<usize>,
+
+    /// Serve as a read-only, pull-through cache of this registry (https://HOST[:PORT], or
+    /// http:// for plain HTTP): manifests and blobs are fetched from it once, verified, kept on
+    /// local disk and served from there. Credentials for it go in the config file's `[upstream]`
+    /// table. See docs/cache.md.
+    #[arg(long, env = "VIAL_UPSTREAM", value_name = "URL")]
+    upstream: Option<String>,
+
+    /// Speak plain HTTP to an --upstream given as a bare HOST[:PORT].
+    #[arg(long, env = "VIAL_UPSTREAM_PLAIN_HTTP")]
+    upstream_plain_http: bool,
+
+    /// With --upstream: the most blob bytes to keep, e.g. 500GiB; least recently used blobs are
+    /// evicted first [default: 10GiB].
+    #[arg(long, env = "VIAL_UPSTREAM_CACHE_SIZE", value_parser = crate::mount::parse_size)]
+    cache_size: Option<u64>,
+
+    /// With --upstream: where cached blobs live [default: DATA/cache].
+    #[arg(long, env = "VIAL_UPSTREAM_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+
+    /// With --upstream: how long the upstream's answer for a tag is used before asking again;
+    /// while the upstream is unreachable the last answer is served [default: 5s].
+    #[arg(long, env = "VIAL_UPSTREAM_TAG_TTL", value_parser = humantime::parse_duration)]
+    tag_ttl: Option<Duration>,
 }
 
 /// `https://host[:port][/path]`, kept without a trailing `/`.
@@ -217,6 +242,23 @@ pub struct FileConfig {
     body_timeout: Option<Duration>,
     min_body_rate: Option<u64>,
     max_uploads_per_client: Option<usize>,
+    /// `[upstream]`: serve as a cache of another registry.
+    upstream: Option<FileUpstream>,
+}
+
+/// The `[upstream]` table.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileUpstream {
+    url: Option<String>,
+    plain_http: Option<bool>,
+    username: Option<String>,
+    /// As is, `env:NAME` or `file:PATH`.
+    password: Option<vial_registry::config::Secret>,
+    cache_size: Option<String>,
+    cache_dir: Option<PathBuf>,
+    #[serde(default, with = "humantime_serde_opt")]
+    tag_ttl: Option<Duration>,
 }
 
 /// The `[auth]` table: present means authentication is on.
@@ -355,6 +397,7 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
     if let Some(n) = args.max_uploads_per_client.or(file.max_uploads_per_client) {
         limits.max_uploads_per_client = n;
     }
+    config.upstream = upstream(args, file.upstream, &data)?;
     if file.auth.is_some() || args.htpasswd.is_some() {
         let from_file = file.auth.unwrap_or_default();
         let defaults = AuthSettings::default();
@@ -369,6 +412,49 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
         });
     }
     Ok((addr, config))
+}
+
+/// The cache settings, when `--upstream` or `[upstream] url` is set.
+fn upstream(
+    args: &ServeArgs,
+    file: Option<FileUpstream>,
+    data: &Path,
+) -> anyhow::Result<Option<UpstreamConfig>> {
+    let file = file.unwrap_or_default();
+    let Some(url) = args.upstream.clone().or(file.url) else {
+        anyhow::ensure!(
+            args.cache_size.is_none() && args.cache_dir.is_none() && args.tag_ttl.is_none(),
+            "--cache-size, --cache-dir and --tag-ttl go with --upstream"
+        );
+        return Ok(None);
+    };
+    let url = url.trim_end_matches('/').to_owned();
+    anyhow::ensure!(
+        !url.is_empty() && !url.contains(['?', '#', ' ']),
+        "--upstream {url:?}: expected https://HOST[:PORT], http://HOST[:PORT] or HOST[:PORT]"
+    );
+    let size = match (args.cache_size, file.cache_size) {
+        (Some(size), _) => size,
+        (None, Some(text)) => crate::mount::parse_size(&text)
+            .map_err(|e| anyhow::anyhow!("[upstream] cache-size: {e}"))?,
+        (None, None) => 10 << 30,
+    };
+    Ok(Some(UpstreamConfig {
+        url,
+        plain_http: args.upstream_plain_http || file.plain_http.unwrap_or(false),
+        username: file.username,
+        password: file.password,
+        dir: args
+            .cache_dir
+            .clone()
+            .or(file.cache_dir)
+            .unwrap_or_else(|| data.join("cache")),
+        size,
+        tag_ttl: args
+            .tag_ttl
+            .or(file.tag_ttl)
+            .unwrap_or(Duration::from_secs(5)),
+    }))
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {

@@ -177,6 +177,8 @@ pub struct Config {
     pub public_url: Option<String>,
     /// Bounds on what one client may hold of the server: slow requests, concurrent uploads.
     pub limits: Limits,
+    /// Set: this server is a read-through cache of another registry (`vial serve --upstream`).
+    pub upstream: Option<UpstreamConfig>,
 }
 
 /// How long a client may take to send a request, and how many uploads it may send at once. A
@@ -334,6 +336,37 @@ impl TagRule {
     }
 }
 
+/// A cache of another registry: where it is, how to sign in there, and how much to keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// `https://host[:port]`, `http://host[:port]` or a bare `host[:port]`.
+    pub url: String,
+    /// Speak plain HTTP to a bare `host[:port]`.
+    pub plain_http: bool,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// Where cached blobs live.
+    pub dir: PathBuf,
+    /// Bytes of blobs kept at most.
+    pub size: u64,
+    /// How long a tag's answer from the upstream is used before asking again.
+    pub tag_ttl: Duration,
+}
+
+impl UpstreamConfig {
+    /// The upstream's `host[:port]`, and whether it speaks plain HTTP.
+    pub fn host(&self) -> (String, bool) {
+        let url = self.url.trim_end_matches('/');
+        if let Some(host) = url.strip_prefix("http://") {
+            (host.to_owned(), true)
+        } else if let Some(host) = url.strip_prefix("https://") {
+            (host.to_owned(), false)
+        } else {
+            (url.to_owned(), self.plain_http)
+        }
+    }
+}
+
 /// The default retention window for deleted versions.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -373,6 +406,7 @@ impl Config {
             sparse_indexes: true,
             public_url: None,
             limits: Limits::default(),
+            upstream: None,
         }
     }
 }

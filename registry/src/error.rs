@@ -105,6 +105,17 @@ impl ApiError {
         self
     }
 
+    /// A failure of the server itself; the message is logged and sent.
+    pub fn internal(message: impl Into<String>) -> Self {
+        let message = message.into();
+        tracing::error!(error = %message, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            message,
+        )
+    }
+
     pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }

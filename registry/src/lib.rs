@@ -7,6 +7,7 @@
 
 mod api;
 pub mod auth;
+mod cache;
 pub mod config;
 pub mod error;
 mod front;
@@ -48,6 +49,8 @@ pub struct AppState {
     pub(crate) gc_metrics: gc::GcMetrics,
     /// Upload requests in flight per client address, against `Limits::max_uploads_per_client`.
     pub(crate) upload_slots: Arc<front::UploadSlots>,
+    /// Set when this server is a cache of another registry (`--upstream`).
+    pub(crate) cache: Option<Arc<cache::Cache>>,
 }
 
 impl AppState {
@@ -100,6 +103,12 @@ pub fn app(
     blobs: Arc<dyn BlobStore>,
 ) -> Result<(Router, Arc<AppState>), ServeError> {
     let auth = config.auth.clone().map(auth::Auth::load).transpose()?;
+    let cache = config
+        .upstream
+        .as_ref()
+        .map(|u| cache::Cache::open(u).map(Arc::new))
+        .transpose()
+        .map_err(ServeError::Cache)?;
     let state = Arc::new(AppState {
         meta,
         blobs,
@@ -111,6 +120,7 @@ pub fn app(
         gc_turn: tokio::sync::Mutex::new(()),
         gc_metrics: gc::GcMetrics::default(),
         upload_slots: Arc::default(),
+        cache,
     });
     let router = Router::new()
         .route("/token", get(api::token).post(api::token))
@@ -140,14 +150,17 @@ pub async fn serve(
             tracing::warn!(blobs = ?probe.config.blobs, error = %error::error_chain(&e), "blob store is not reachable yet");
         }
     });
-    let janitor = tokio::spawn(janitor(Arc::clone(&state)));
-    let collector = (!state.config.gc_interval.is_zero())
+    // A cache keeps nothing of its own in the stores: nothing to sweep, collect or run.
+    let caching = state.cache.is_some();
+    if let Some(cache) = &state.cache {
+        tracing::info!(upstream = %cache.upstream_url, "serving as a read-through cache");
+    }
+    let janitor = (!caching).then(|| tokio::spawn(janitor(Arc::clone(&state))));
+    let collector = (!caching && !state.config.gc_interval.is_zero())
         .then(|| tokio::spawn(gc::schedule(Arc::clone(&state))));
     // The job runner stops taking work as soon as shutdown begins and hands back the job it holds.
     let (stop_jobs, stopped) = tokio::sync::watch::channel(false);
-    let runner = state
-        .config
-        .run_jobs
+    let runner = (state.config.run_jobs && !caching)
         .then(|| tokio::spawn(jobs::run(Arc::clone(&state), stopped)));
     let shutdown = async move {
         shutdown.await;
@@ -166,7 +179,12 @@ pub async fn serve(
         }
         None => front::serve(listener::PlainListener(listener), router, limits, shutdown).await,
     }
-    janitor.abort();
+    if let Some(janitor) = janitor {
+        janitor.abort();
+    }
+    if let Some(cache) = &state.cache {
+        cache.close();
+    }
     if let Some(collector) = collector {
         collector.abort();
     }
@@ -196,6 +214,8 @@ pub enum ServeError {
     Auth(#[from] auth::AuthConfigError),
     #[error("TLS certificate or key")]
     Tls(#[source] std::io::Error),
+    #[error("cache: {0}")]
+    Cache(String),
 }
 
 async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
@@ -217,6 +237,9 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
         state.config.tls.is_some()
     ));
     state.gc_metrics.render(&mut text);
+    if let Some(cache) = &state.cache {
+        cache.render_metrics(&mut text);
+    }
     state.blobs.render_metrics(&mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

@@ -830,6 +830,64 @@ impl Registry {
         Ok(out)
     }
 
+    /// The size of a blob in `repo`, `None` when the registry says it is not there.
+    pub async fn blob_size(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+    ) -> Result<Option<u64>, ClientError> {
+        let url = self.url(&format!("/v2/{repo}/blobs/{digest}"));
+        let r = self
+            .send(&Self::scope(repo, false), "blob check", |c| {
+                c.request(Method::HEAD, &url)
+            })
+            .await?;
+        match r.status() {
+            // The header itself: a HEAD answer has no body, so reqwest's length is 0.
+            s if s.is_success() => r
+                .headers()
+                .get("content-length")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    ClientError::Invalid(format!(
+                        "{} answered HEAD of {digest} without a Content-Length",
+                        self.inner.host
+                    ))
+                }),
+            StatusCode::NOT_FOUND => Ok(None),
+            _ => Err(self.error(r, &format!("HEAD blob {digest}")).await),
+        }
+    }
+
+    /// Sends `method path_and_query` (below the registry's base URL) with this client's
+    /// credentials for `scope`, retrying transient failures, and hands back the answer as it is,
+    /// whatever its status: for a proxy that passes it on.
+    pub async fn forward(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        scope: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+    ) -> Result<Response, ClientError> {
+        let url = self.url(path_and_query);
+        self.send(scope, "forwarded request", |c| {
+            let request = c.request(method.clone(), &url);
+            let request = match content_type {
+                Some(ct) => request.header("content-type", ct),
+                None => request,
+            };
+            if body.is_empty() {
+                request
+            } else {
+                request.body(body.clone())
+            }
+        })
+        .await
+    }
+
     /// A raw request for callers that need one (e.g. HEAD of a manifest by digest).
     pub async fn manifest_exists(
         &self,

@@ -1,14 +1,14 @@
 //! The Distribution API: one dispatcher that parses the path into an endpoint, then one handler
 //! module per resource.
 
-mod blobs;
+pub(crate) mod blobs;
 mod listing;
 mod manifests;
-mod packs;
+pub(crate) mod packs;
 mod sessions;
 mod sync;
 mod uploads;
-mod vial;
+pub(crate) mod vial;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +36,8 @@ pub(crate) struct Request {
     pub subject: Option<String>,
     /// What a presence check may do for this caller, decided with its rights (see [`authorize`]).
     pub presence: Presence,
+    /// The path and query as sent, for a cache passing the request on.
+    pub path_and_query: String,
 }
 
 /// Decoded query parameters, keeping repeated keys (`?tag=a&tag=b`).
@@ -113,6 +115,9 @@ pub(crate) async fn dispatch(
                 headers,
                 subject: None,
                 presence: Presence::LinkAcross,
+                path_and_query: uri
+                    .path_and_query()
+                    .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
             };
             let response = match authorize(&state, &endpoint, &mut request) {
                 Ok(()) => {
@@ -379,6 +384,9 @@ async fn handle(
     req: Request,
     body: Body,
 ) -> Result<Response, ApiError> {
+    if let Some(cache) = &state.cache {
+        return crate::cache::api::handle(cache, endpoint, &req, body).await;
+    }
     match (endpoint, req.method.clone()) {
         (Endpoint::Base, Method::GET | Method::HEAD) => Ok(StatusCode::OK.into_response()),
         (Endpoint::Catalog, Method::GET) => listing::catalog(state, &req).await,

@@ -32,7 +32,7 @@ struct PresentResponse {
 }
 
 /// Reads a request body of at most `limit` bytes.
-pub(super) async fn read_small_body(
+pub(crate) async fn read_small_body(
     body: axum::body::Body,
     limit: usize,
     what: &str,
