@@ -12,6 +12,7 @@ mod support;
 mod auth;
 mod backends;
 mod bad_input;
+mod cache;
 mod conformance;
 mod containerd;
 mod copy;

@@ -45,6 +45,27 @@ pub struct Cache {
     journal: Mutex<std::fs::File>,
     tag_ttl: Duration,
     pub(crate) metrics: CacheMetrics,
+    /// Requests that would ask the upstream the same question (a manifest, a tag, a blob's
+    /// presence) take turns: the first asks, the others then find the answer.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A turn at asking the upstream one question; the next waiter's when dropped.
+struct Turn<'a> {
+    cache: &'a Cache,
+    key: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _held: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut turns = self.cache.turns.lock().unwrap_or_else(|e| e.into_inner());
+        // Nobody else holds or waits for it (only the map and this turn do): forget it.
+        if Arc::strong_count(&self.lock) == 2 {
+            turns.remove(&self.key);
+        }
+    }
 }
 
 /// What the upstream has shown the cache.
@@ -136,6 +157,7 @@ impl Cache {
             journal: Mutex::new(journal),
             tag_ttl: config.tag_ttl,
             metrics: CacheMetrics::default(),
+            turns: Mutex::default(),
         };
         cache.replay(&replay);
         Ok(cache)
@@ -204,6 +226,21 @@ impl Cache {
 
     fn lock_flights(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Arc<Flight>>> {
         self.flights.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for this request's turn at `key`.
+    async fn turn(&self, key: String) -> Turn<'_> {
+        let lock = {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(turns.entry(key.clone()).or_default())
+        };
+        let held = Arc::clone(&lock).lock_owned().await;
+        Turn {
+            cache: self,
+            key,
+            lock,
+            _held: held,
+        }
     }
 
     fn record(&self, entry: &Entry) {
@@ -285,6 +322,7 @@ impl Cache {
                 Resolved::Digest(d) => d,
             },
         };
+        let _turn = self.turn(format!("manifest {repo}@{digest}")).await;
         if self.held(repo, &digest).is_some() {
             let media_type = self.lock_known().media_types.get(&digest).cloned();
             if let Some(media_type) = media_type {
@@ -343,6 +381,7 @@ impl Cache {
         repo: &RepoName,
         tag: &str,
     ) -> Result<Resolved, ApiError> {
+        let _turn = self.turn(format!("tag {repo}:{tag}")).await;
         let key = (repo.clone(), tag.to_owned());
         let last = self.lock_tags().get(&key).cloned();
         if let Some(answer) = last.as_ref().filter(|a| a.asked.elapsed() < self.tag_ttl) {
@@ -395,6 +434,10 @@ impl Cache {
         repo: &RepoName,
         digest: &Digest,
     ) -> Result<Option<u64>, ApiError> {
+        if let Some(size) = self.held(repo, digest).filter(|s| *s > 0) {
+            return Ok(Some(size));
+        }
+        let _turn = self.turn(format!("blob {repo}@{digest}")).await;
         if let Some(size) = self.held(repo, digest).filter(|s| *s > 0) {
             return Ok(Some(size));
         }

@@ -1,0 +1,392 @@
+//! The cache tier: `vial serve --upstream` in front of an origin registry (behind a proxy that
+//! records, and can corrupt, every blob download the cache makes), read by `vial pull`,
+//! `vial mount` and skopeo.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::support::mount::{fuse_available, Mount};
+use crate::support::oci::{self, pseudo_random};
+use crate::support::proxy::{Fault, Proxy};
+use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
+use crate::support::{peer, run, Server};
+
+/// An origin with one volume, a recording proxy in front of it, and a cache of the proxy.
+struct Tier {
+    /// `None` once the test has stopped it.
+    origin: Option<Server>,
+    proxy: Proxy,
+    cache: Option<Server>,
+    home: tempfile::TempDir,
+    src: PathBuf,
+    /// `weights/m@sha256:…` of the pushed version.
+    pinned: String,
+}
+
+impl Tier {
+    fn start(cache_args: &[&str]) -> Tier {
+        let origin = Server::start();
+        let proxy = Proxy::start(&origin.addr);
+        let home = tempfile::tempdir().unwrap();
+        let src = home.path().join("src");
+        std::fs::create_dir_all(src.join("shards")).unwrap();
+        std::fs::write(src.join("shards/a.bin"), pseudo_random(6 << 20, 1)).unwrap();
+        std::fs::write(src.join("shards/b.bin"), pseudo_random(5 << 20, 2)).unwrap();
+        std::fs::write(src.join("config.json"), br#"{"layers": 2}"#).unwrap();
+        let pushed = push_json(
+            home.path(),
+            &src,
+            &format!("{}/weights/m", origin.addr),
+            &["--tag", "v1"],
+        );
+        let reference = pushed["reference"].as_str().unwrap();
+        let pinned = reference.split_once('/').unwrap().1.to_owned();
+        let cache = start_cache(&home.path().join("cache-data"), &proxy.addr, cache_args);
+        proxy.take_answered();
+        Tier {
+            origin: Some(origin),
+            proxy,
+            cache: Some(cache),
+            home,
+            src,
+            pinned,
+        }
+    }
+
+    fn origin(&self) -> &Server {
+        self.origin.as_ref().expect("the origin is running")
+    }
+
+    fn cache(&self) -> &Server {
+        self.cache.as_ref().expect("the cache is running")
+    }
+
+    /// Stops the cache with SIGTERM and starts it again on the same directory.
+    fn restart_cache(&mut self) {
+        let old = self.cache.take().unwrap();
+        let data = old.data.clone();
+        assert!(old.stop().success());
+        self.cache = Some(start_cache(&data, &self.proxy.addr, &[]));
+    }
+
+    fn pull(&self, reference: &str, into: &str) -> std::process::Output {
+        let dir = self.home.path().join(into);
+        vial(
+            self.home.path(),
+            &[
+                "pull",
+                &format!("{}/{reference}", self.cache().addr),
+                dir.to_str().unwrap(),
+            ],
+        )
+    }
+
+    fn pull_ok(&self, reference: &str, into: &str) -> PathBuf {
+        let out = self.pull(reference, into);
+        assert!(
+            out.status.success(),
+            "pull of {reference} through the cache: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.home.path().join(into)
+    }
+
+    /// How many times the cache asked the upstream for each digest since the last call.
+    fn upstream_asks(&self) -> HashMap<String, usize> {
+        let mut asks = HashMap::new();
+        for get in self.proxy.take_answered() {
+            for d in get.digests {
+                *asks.entry(d).or_default() += 1;
+            }
+        }
+        asks
+    }
+}
+
+fn start_cache(data: &Path, upstream: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["--upstream".to_owned(), format!("http://{upstream}")];
+    if !extra.contains(&"--tag-ttl") {
+        args.extend(["--tag-ttl".to_owned(), "1s".to_owned()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Server::start_with(data, &args, &[])
+}
+
+fn metric(server: &Server, name: &str) -> u64 {
+    let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+fn volume_bytes(src: &Path) -> u64 {
+    ["shards/a.bin", "shards/b.bin", "config.json"]
+        .iter()
+        .map(|f| std::fs::metadata(src.join(f)).unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_fleet_pulls_through_the_cache_and_the_origin_sends_each_chunk_once() {
+    // A TTL longer than the test: the tag is asked of the upstream once.
+    let tier = Tier::start(&["--tag-ttl", "10m"]);
+    // Eight nodes start at the same moment.
+    std::thread::scope(|s| {
+        for n in 0..8 {
+            let tier = &tier;
+            s.spawn(move || {
+                let out = tier.pull_ok("weights/m:v1", &format!("node-{n}"));
+                assert_same_tree(&tier.src, &out);
+            });
+        }
+    });
+    let asks = tier.upstream_asks();
+    let repeated: Vec<_> = asks.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "every digest is asked of the upstream once for the whole fleet: {repeated:?}"
+    );
+    let sent = metric(tier.origin(), "vial_bytes_sent_total");
+    let volume = volume_bytes(&tier.src);
+    assert!(
+        sent >= volume && sent < volume + volume / 20,
+        "the origin sent {sent} bytes for a {volume}-byte volume read by 8 nodes"
+    );
+    let (hits, joins, misses) = (
+        metric(tier.cache(), "vial_cache_hits_total"),
+        metric(tier.cache(), "vial_cache_single_flight_joins_total"),
+        metric(tier.cache(), "vial_cache_misses_total"),
+    );
+    let index: serde_json::Value = reqwest::blocking::Client::new()
+        .get(format!(
+            "{}/v2/{}",
+            tier.cache().url(),
+            tier.pinned.replace('@', "/manifests/")
+        ))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let manifests = 1 + index["manifests"].as_array().unwrap().len() as u64;
+    let fetched = metric(
+        tier.origin(),
+        "vial_http_requests_total{endpoint=\"manifest\",method=\"GET\",status=\"200\"}",
+    );
+    assert!(
+        fetched <= manifests,
+        "the origin served {fetched} manifest GETs for a version of {manifests} manifests"
+    );
+    assert!(
+        hits + joins > misses,
+        "most answers came from the cache's disk or a fill in progress: {hits} hits, {joins} joins, {misses} misses"
+    );
+
+    // A mount reads through the cache too, every chunk from its disk now.
+    if fuse_available() {
+        let m = Mount::new(
+            tier.home.path(),
+            &format!("{}/{}", tier.cache().addr, tier.pinned),
+            "mnt",
+            &[],
+        );
+        assert_same_tree(&tier.src, &m.path);
+        assert!(
+            tier.upstream_asks().is_empty(),
+            "the mount's chunks all came from the cache"
+        );
+    }
+}
+
+#[test]
+fn the_cache_never_stores_or_serves_bytes_that_do_not_match() {
+    let tier = Tier::start(&[]);
+    tier.proxy.set(Fault::Corrupt);
+    let out = tier.pull("weights/m:v1", "bad");
+    assert!(
+        !out.status.success(),
+        "a pull of corrupted bytes must fail, not succeed with wrong files"
+    );
+    assert_eq!(
+        metric(tier.cache(), "vial_cache_bytes") > 0,
+        true,
+        "manifests are not blobs the proxy corrupts"
+    );
+    // The corrupted blobs were not kept: with the upstream healthy again they are fetched anew.
+    tier.proxy.set(Fault::None);
+    let out = tier.pull_ok("weights/m:v1", "good");
+    assert_same_tree(&tier.src, &out);
+}
+
+#[test]
+fn pinned_versions_and_last_known_tags_survive_the_origin_going_down_and_a_cache_restart() {
+    let mut tier = Tier::start(&[]);
+    tier.pull_ok("weights/m:v1", "warm");
+    assert!(tier.origin.take().unwrap().stop().success());
+    std::thread::sleep(std::time::Duration::from_millis(1100)); // past the tag TTL
+    let out = tier.pull_ok("weights/m:v1", "stale");
+    assert_same_tree(&tier.src, &out);
+    assert!(metric(tier.cache(), "vial_cache_stale_answers_total") >= 1);
+    let out = tier.pull_ok(&tier.pinned, "pinned");
+    assert_same_tree(&tier.src, &out);
+
+    // A tag the cache never saw cannot be answered: a clear error, not a hang.
+    let out = tier.pull("weights/m:never", "never");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unreachable"), "{err}");
+
+    // Restarted with the origin still down, the cache still knows what it holds and where.
+    tier.restart_cache();
+    let out = tier.pull_ok(&tier.pinned, "after-restart");
+    assert_same_tree(&tier.src, &out);
+    let out = tier.pull_ok("weights/m:v1", "tag-after-restart");
+    assert_same_tree(&tier.src, &out);
+}
+
+#[test]
+fn a_blob_is_served_only_under_a_repository_the_upstream_shows_holds_it() {
+    let tier = Tier::start(&[]);
+    tier.pull_ok("weights/m:v1", "warm");
+    // Another repository at the origin, holding other bytes.
+    let other = tier.home.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("x.bin"), pseudo_random(1000, 9)).unwrap();
+    push_json(
+        tier.home.path(),
+        &other,
+        &format!("{}/secret/other", tier.origin().addr),
+        &["--tag", "v1"],
+    );
+    // A chunk of weights/m, now on the cache's disk, asked for under secret/other.
+    let manifest: serde_json::Value = reqwest::blocking::Client::new()
+        .get(format!(
+            "{}/v2/{}",
+            tier.cache().url(),
+            tier.pinned.replace('@', "/manifests/")
+        ))
+        .header("accept", vial_core::media::OCI_INDEX)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let child = manifest["manifests"][0]["digest"].as_str().unwrap();
+    let child: serde_json::Value = reqwest::blocking::get(format!(
+        "{}/v2/weights/m/manifests/{child}",
+        tier.cache().url()
+    ))
+    .unwrap()
+    .json()
+    .unwrap();
+    let chunk = child["layers"][0]["digest"].as_str().unwrap().to_owned();
+    let get = |repo: &str| {
+        reqwest::blocking::get(format!("{}/v2/{repo}/blobs/{chunk}", tier.cache().url()))
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(get("weights/m"), 200);
+    assert_eq!(
+        get("secret/other"),
+        404,
+        "the upstream does not hold it there"
+    );
+    assert_eq!(get("secret/other"), 404);
+}
+
+#[test]
+fn writes_are_refused_with_the_upstream_to_send_them_to() {
+    let tier = Tier::start(&[]);
+    let out = vial(
+        tier.home.path(),
+        &[
+            "push",
+            tier.src.to_str().unwrap(),
+            &format!("{}/weights/m", tier.cache().addr),
+            "--tag",
+            "v2",
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("read-only cache") && err.contains(&tier.proxy.addr),
+        "{err}"
+    );
+    let r = reqwest::blocking::Client::new()
+        .delete(format!("{}/v2/weights/m/manifests/v1", tier.cache().url()))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    // Reads of vial's extensions go to the upstream.
+    let versions = vial_ok(
+        tier.home.path(),
+        &[
+            "versions",
+            &format!("{}/weights/m", tier.cache().addr),
+            "--json",
+        ],
+    );
+    assert!(
+        versions.contains(tier.pinned.split('@').nth(1).unwrap()),
+        "{versions}"
+    );
+}
+
+#[test]
+fn the_cache_stays_within_its_size_and_still_serves_every_byte() {
+    let tier = Tier::start(&["--cache-size", "4MiB"]);
+    let out = tier.pull_ok("weights/m:v1", "first");
+    assert_same_tree(&tier.src, &out);
+    let held = metric(tier.cache(), "vial_cache_bytes");
+    assert!(
+        held <= 4 << 20,
+        "the cache holds {held} bytes over its 4 MiB bound"
+    );
+    assert!(metric(tier.cache(), "vial_cache_evictions_total") > 0);
+    let out = tier.pull_ok("weights/m:v1", "second");
+    assert_same_tree(&tier.src, &out);
+}
+
+#[test]
+fn skopeo_copies_an_image_through_the_cache() {
+    let Some(skopeo) = peer("skopeo") else { return };
+    let tier = Tier::start(&[]);
+    let layout = tier.home.path().join("layout");
+    let manifest = oci::write_layout(&layout, "v1", &[1 << 20, 70_000], 3);
+    run(Command::new(&skopeo).args([
+        "--insecure-policy",
+        "copy",
+        "--dest-tls-verify=false",
+        "--preserve-digests",
+        &format!("oci:{}:v1", layout.display()),
+        &format!("docker://{}/images/app:v1", tier.origin().addr),
+    ]));
+    let dst = tier.home.path().join("copied");
+    run(Command::new(&skopeo).args([
+        "--insecure-policy",
+        "copy",
+        "--src-tls-verify=false",
+        "--preserve-digests",
+        &format!("docker://{}/images/app:v1", tier.cache().addr),
+        &format!("oci:{}:v1", dst.display()),
+    ]));
+    for entry in std::fs::read_dir(layout.join("blobs/sha256")).unwrap() {
+        let entry = entry.unwrap();
+        let copied = std::fs::read(dst.join("blobs/sha256").join(entry.file_name())).unwrap();
+        assert_eq!(copied, std::fs::read(entry.path()).unwrap());
+    }
+    let raw = run(Command::new(&skopeo).args([
+        "inspect",
+        "--tls-verify=false",
+        "--raw",
+        &format!("docker://{}/images/app@{manifest}", tier.cache().addr),
+    ]));
+    assert_eq!(
+        vial_core::Algorithm::Sha256.digest_bytes(raw.as_bytes()),
+        manifest
+    );
+}
