@@ -390,3 +390,78 @@ fn skopeo_copies_an_image_through_the_cache() {
         manifest
     );
 }
+
+#[test]
+fn replicas_share_the_work_and_a_dead_peer_is_skipped() {
+    let tier = Tier::start(&[]);
+    let ports: Vec<u16> = (0..3).map(|_| crate::support::free_port()).collect();
+    let peers = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    // The tier's own cache stays aside; three replicas serve.
+    let mut replicas: Vec<Option<Server>> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let data = tier.home.path().join(format!("replica-{i}"));
+            let addr = format!("127.0.0.1:{port}");
+            Some(start_cache(
+                &data,
+                &tier.proxy.addr,
+                &["--addr", &addr, "--peers", &peers],
+            ))
+        })
+        .collect();
+    // No waiting for the replicas to find themselves among their peers: one that asks itself
+    // learns it then (508) and asks the upstream.
+    tier.proxy.take_answered();
+    std::thread::scope(|s| {
+        for (n, replica) in replicas.iter().enumerate() {
+            let (tier, addr) = (&tier, replica.as_ref().unwrap().addr.clone());
+            s.spawn(move || {
+                let dir = tier.home.path().join(format!("node-{n}"));
+                vial_ok(
+                    tier.home.path(),
+                    &["pull", &format!("{addr}/weights/m:v1"), dir.to_str().unwrap()],
+                );
+                assert_same_tree(&tier.src, &dir);
+            });
+        }
+    });
+    let asks = tier.upstream_asks();
+    let repeated: Vec<_> = asks.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "each blob comes from the upstream once for all replicas: {repeated:?}"
+    );
+    let from_peers: u64 = replicas
+        .iter()
+        .map(|r| metric(r.as_ref().unwrap(), "vial_cache_peer_bytes_total"))
+        .sum();
+    let volume = volume_bytes(&tier.src);
+    assert!(
+        from_peers > volume,
+        "replicas got most chunks from their owners: {from_peers} bytes from peers"
+    );
+
+    // A new version; one replica dies; the others still serve all of it.
+    let v2 = tier.home.path().join("v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    std::fs::write(v2.join("c.bin"), pseudo_random(6 << 20, 7)).unwrap();
+    push_json(
+        tier.home.path(),
+        &v2,
+        &format!("{}/weights/m", tier.origin().addr),
+        &["--tag", "v2"],
+    );
+    replicas[2].take().unwrap().kill_hard();
+    let addr = replicas[0].as_ref().unwrap().addr.clone();
+    let out = tier.home.path().join("after-death");
+    vial_ok(
+        tier.home.path(),
+        &["pull", &format!("{addr}/weights/m:v2"), out.to_str().unwrap()],
+    );
+    assert_same_tree(&v2, &out);
+}

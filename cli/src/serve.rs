@@ -174,6 +174,17 @@ pub struct ServeArgs {
     /// while the upstream is unreachable the last answer is served [default: 5s].
     #[arg(long, env = "VIAL_UPSTREAM_TAG_TTL", value_parser = humantime::parse_duration)]
     tag_ttl: Option<Duration>,
+
+    /// With --upstream: every replica of this cache, this one included, as they reach each
+    /// other (the same list on each), e.g. http://cache-0:5000,http://cache-1:5000. Each digest
+    /// then has one owner that fetches it from the upstream; the others get it from the owner.
+    #[arg(
+        long,
+        env = "VIAL_UPSTREAM_PEERS",
+        value_delimiter = ',',
+        value_name = "URL,URL"
+    )]
+    peers: Vec<String>,
 }
 
 /// `https://host[:port][/path]`, kept without a trailing `/`.
@@ -259,6 +270,8 @@ pub struct FileUpstream {
     cache_dir: Option<PathBuf>,
     #[serde(default, with = "humantime_serde_opt")]
     tag_ttl: Option<Duration>,
+    #[serde(default)]
+    peers: Vec<String>,
 }
 
 /// The `[auth]` table: present means authentication is on.
@@ -423,8 +436,11 @@ fn upstream(
     let file = file.unwrap_or_default();
     let Some(url) = args.upstream.clone().or(file.url) else {
         anyhow::ensure!(
-            args.cache_size.is_none() && args.cache_dir.is_none() && args.tag_ttl.is_none(),
-            "--cache-size, --cache-dir and --tag-ttl go with --upstream"
+            args.cache_size.is_none()
+                && args.cache_dir.is_none()
+                && args.tag_ttl.is_none()
+                && args.peers.is_empty(),
+            "--cache-size, --cache-dir, --tag-ttl and --peers go with --upstream"
         );
         return Ok(None);
     };
@@ -454,6 +470,14 @@ fn upstream(
             .tag_ttl
             .or(file.tag_ttl)
             .unwrap_or(Duration::from_secs(5)),
+        peers: if args.peers.is_empty() {
+            file.peers
+        } else {
+            args.peers.clone()
+        }
+        .into_iter()
+        .map(|p| parse_public_url(&p).map_err(|e| anyhow::anyhow!("--peers: {e}")))
+        .collect::<anyhow::Result<_>>()?,
     }))
 }
 

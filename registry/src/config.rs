@@ -351,6 +351,8 @@ pub struct UpstreamConfig {
     pub size: u64,
     /// How long a tag's answer from the upstream is used before asking again.
     pub tag_ttl: Duration,
+    /// Every replica of this cache (this one included), as its peers reach it; empty alone.
+    pub peers: Vec<String>,
 }
 
 impl UpstreamConfig {

@@ -126,6 +126,7 @@ pub fn app(
         .route("/token", get(api::token).post(api::token))
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/_vial/cache/id", get(cache_id))
         .route("/readyz", get(ready_handler))
         .fallback(api::dispatch)
         .with_state(Arc::clone(&state));
@@ -154,6 +155,10 @@ pub async fn serve(
     let caching = state.cache.is_some();
     if let Some(cache) = &state.cache {
         tracing::info!(upstream = %cache.upstream_url, "serving as a read-through cache");
+        if !cache.peers.is_empty() {
+            let cache = Arc::clone(cache);
+            tokio::spawn(async move { cache.peers.find_myself().await });
+        }
     }
     let janitor = (!caching).then(|| tokio::spawn(janitor(Arc::clone(&state))));
     let collector = (!caching && !state.config.gc_interval.is_zero())
@@ -242,6 +247,14 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
     }
     state.blobs.render_metrics(&mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// A cache replica's instance id, by which it recognizes itself in its list of peers.
+async fn cache_id(State(state): State<Arc<AppState>>) -> Response {
+    match &state.cache {
+        Some(cache) => cache.peers.instance.clone().into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// Ready when both stores answer: a load balancer stops sending requests to a replica that has lost

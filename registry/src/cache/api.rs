@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use vial_core::{Digest, RepoName, Target};
 
 use super::flight::Failure;
-use super::{read_stored, Cache, Claim};
+use super::{read_stored, Cache, Claim, Via};
 use crate::api::{set_header, Request};
 use crate::error::{ApiError, ErrorCode};
 use crate::route::Endpoint;
@@ -23,11 +23,26 @@ pub(crate) async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     let read = matches!(req.method, Method::GET | Method::HEAD);
+    let hop = req.header(super::peers::HOP_HEADER);
+    if hop == Some(cache.peers.instance.as_str()) {
+        // Sent to ourselves as if to a peer: the sender learns it and asks the upstream.
+        return Err(ApiError::new(
+            StatusCode::LOOP_DETECTED,
+            ErrorCode::Unsupported,
+            "this is the replica the request came from",
+        ));
+    }
+    let via = Via {
+        authorization: req.header("authorization").map(str::to_owned),
+        hop: hop.is_some(),
+    };
     match endpoint {
         Endpoint::Base if read => Ok(StatusCode::OK.into_response()),
         Endpoint::Manifest(repo, target) if read => manifest(cache, &repo, &target, req).await,
-        Endpoint::Blob(repo, digest) if read => blob(cache, &repo, &digest, req).await,
-        Endpoint::Chunks(repo) if req.method == Method::POST => chunks(cache, &repo, body).await,
+        Endpoint::Blob(repo, digest) if read => blob(cache, &repo, &digest, req, &via).await,
+        Endpoint::Chunks(repo) if req.method == Method::POST => {
+            chunks(cache, &repo, body, &via).await
+        }
         Endpoint::Catalog if read => forward(cache, "registry:catalog:*", req, body).await,
         Endpoint::TagsList(repo)
         | Endpoint::Referrers(repo, _)
@@ -81,6 +96,7 @@ async fn blob(
     repo: &RepoName,
     digest: &Digest,
     req: &Request,
+    via: &Via,
 ) -> Result<Response, ApiError> {
     let size = cache
         .blob_size(repo, digest)
@@ -102,7 +118,7 @@ async fn blob(
         Body::empty()
     } else {
         let claim = cache
-            .claim(repo, vec![(digest.clone(), size)])
+            .claim(repo, vec![(digest.clone(), size)], via)
             .await?
             .pop()
             .ok_or_else(|| ApiError::internal("a claim went missing"))?;
@@ -160,7 +176,12 @@ fn fill_error(cache: &Cache, digest: &Digest, f: &Failure) -> ApiError {
 
 /// `POST /v2/<name>/_vial/chunks`: many blobs end to end, the ones the cache lacks fetched from
 /// the upstream in one bulk read.
-async fn chunks(cache: &Arc<Cache>, repo: &RepoName, body: Body) -> Result<Response, ApiError> {
+async fn chunks(
+    cache: &Arc<Cache>,
+    repo: &RepoName,
+    body: Body,
+    via: &Via,
+) -> Result<Response, ApiError> {
     #[derive(serde::Deserialize)]
     struct ReadRequest {
         digests: Vec<Digest>,
@@ -205,7 +226,7 @@ async fn chunks(cache: &Arc<Cache>, repo: &RepoName, body: Body) -> Result<Respo
         ));
     }
     let sizes: Vec<u64> = wanted.iter().map(|(_, s)| *s).collect();
-    let claims = cache.claim(repo, wanted).await?;
+    let claims = cache.claim(repo, wanted, via).await?;
     let stream = futures_util::stream::iter(claims.into_iter().zip(sizes))
         .then(|(claim, size)| async move {
             match stream_of(claim, 0, size).await {

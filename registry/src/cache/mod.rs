@@ -12,6 +12,7 @@
 pub(crate) mod api;
 mod flight;
 mod metrics;
+pub(crate) mod peers;
 mod store;
 
 use std::collections::HashMap;
@@ -48,6 +49,8 @@ pub struct Cache {
     /// Requests that would ask the upstream the same question (a manifest, a tag, a blob's
     /// presence) take turns: the first asks, the others then find the answer.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The other replicas of this cache, if any.
+    pub(crate) peers: peers::Peers,
 }
 
 /// A turn at asking the upstream one question; the next waiter's when dropped.
@@ -158,6 +161,7 @@ impl Cache {
             tag_ttl: config.tag_ttl,
             metrics: CacheMetrics::default(),
             turns: Mutex::default(),
+            peers: peers::Peers::new(&config.peers)?,
         };
         cache.replay(&replay);
         Ok(cache)
@@ -457,19 +461,37 @@ impl Cache {
     }
 
     /// Hands out each of `wanted` (digest, size) from the disk or from a fill in progress, and
-    /// starts one fetch from the upstream for all the others, in order.
+    /// starts fetches for all the others, in order: one from each owning peer for what it owns,
+    /// one from the upstream for the rest.
     pub(crate) async fn claim(
         self: &Arc<Self>,
         repo: &RepoName,
         wanted: Vec<(Digest, u64)>,
+        via: &Via,
     ) -> Result<Vec<Claim>, ApiError> {
         let this = Arc::clone(self);
         let (claims, leads) = tokio::task::spawn_blocking(move || this.claim_blocking(&wanted))
             .await
             .map_err(|e| ApiError::internal(e.to_string()))?
             .map_err(|e| ApiError::internal(format!("cache disk: {e}")))?;
-        if !leads.is_empty() {
-            self.fetch(repo.clone(), leads);
+        if leads.is_empty() {
+            return Ok(claims);
+        }
+        if via.hop || self.peers.is_empty() {
+            self.fetch(repo.clone(), leads, Vec::new(), None);
+            return Ok(claims);
+        }
+        // Grouped by the peers to ask first, in the order asked.
+        let mut groups: Vec<(Vec<usize>, Vec<Pending>)> = Vec::new();
+        for lead in leads {
+            let route = self.peers.route(&lead.digest);
+            match groups.iter_mut().find(|(r, _)| r.first() == route.first()) {
+                Some((_, group)) => group.push(lead),
+                None => groups.push((route, vec![lead])),
+            }
+        }
+        for (route, group) in groups {
+            self.fetch(repo.clone(), group, route, via.authorization.clone());
         }
         Ok(claims)
     }
@@ -501,9 +523,17 @@ impl Cache {
         Ok((claims, leads))
     }
 
-    /// Fetches `leads` from the upstream on a task of its own, so a fill finishes for the
-    /// others even if the request that started it goes away.
-    fn fetch(self: &Arc<Self>, repo: RepoName, leads: Vec<Pending>) {
+    /// Fetches `leads` on a task of its own, so a fill finishes for the others even if the
+    /// request that started it goes away: from the first peer of `route` that answers, else from
+    /// the upstream. Blobs that came from a peer are kept as the first to evict (their owner
+    /// keeps them).
+    fn fetch(
+        self: &Arc<Self>,
+        repo: RepoName,
+        leads: Vec<Pending>,
+        route: Vec<usize>,
+        authorization: Option<String>,
+    ) {
         let digests: Vec<Digest> = leads.iter().map(|p| p.digest.clone()).collect();
         let weak = Arc::downgrade(self);
         let settled: flight::Settled = Box::new(move |digest, _| {
@@ -511,50 +541,88 @@ impl Cache {
                 cache.lock_flights().remove(digest);
             }
         });
-        let feed = flight::spawn_writer(Arc::clone(&self.store), leads, false, settled);
+        let cold = !route.is_empty();
+        let feed = flight::spawn_writer(Arc::clone(&self.store), leads, cold, settled);
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            let outcome = this.pump(&repo, &digests, &feed).await;
+            let outcome = this
+                .pump(&repo, &digests, &feed, &route, authorization.as_deref())
+                .await;
             let last = match outcome {
                 Ok(()) => Feed::End,
-                Err(e) => {
-                    tracing::warn!(%repo, blobs = digests.len(), error = %crate::error::error_chain(&e), "cache fill from the upstream failed");
-                    Feed::Abort(failure_of(&e))
+                Err(f) => {
+                    tracing::warn!(%repo, blobs = digests.len(), error = %f.message, "cache fill failed");
+                    Feed::Abort(f)
                 }
             };
             let _ = feed.send(last).await;
         });
     }
 
-    /// Sends the bytes of `digests`, in order, from the upstream to the writer.
+    /// Sends the bytes of `digests`, in order, to the writer: from the first peer of `route`
+    /// that answers, else from the upstream.
     async fn pump(
         &self,
         repo: &RepoName,
         digests: &[Digest],
         feed: &tokio::sync::mpsc::Sender<Feed>,
-    ) -> Result<(), ClientError> {
+        route: &[usize],
+        authorization: Option<&str>,
+    ) -> Result<(), Failure> {
+        for &peer in route {
+            match self.peers.fetch(peer, repo, digests, authorization).await {
+                Ok(stream) => {
+                    let stream = stream.map(|b| {
+                        b.inspect(|b| self.metrics.add_peer_bytes(b.len() as u64))
+                            .map_err(|e| Failure {
+                                message: format!("peer cache: {e}").into(),
+                                not_found: false,
+                            })
+                    });
+                    return self.forward_into(Box::pin(stream), feed).await;
+                }
+                Err(peers::PeerError::Myself) => {
+                    self.peers.is_me(peer);
+                    break;
+                }
+                Err(peers::PeerError::Unreachable(why)) => {
+                    tracing::warn!(peer = %self.peers.url(peer), %why, "peer cache did not answer; asking the next");
+                }
+            }
+        }
+        let upstream = |e: ClientError| failure_of(&e);
         if digests.len() > 1 {
-            if let Some(stream) = self.upstream.read_chunks(repo, digests).await? {
-                return self.forward_into(stream, feed).await;
+            if let Some(stream) = self
+                .upstream
+                .read_chunks(repo, digests)
+                .await
+                .map_err(upstream)?
+            {
+                return self
+                    .forward_into(counted(&self.metrics, stream), feed)
+                    .await;
             }
         }
         // One blob, or an upstream without bulk reads: one download after the other.
         for digest in digests {
-            let stream = self.upstream.get_blob_stream(repo, digest).await?;
-            self.forward_into(Box::pin(stream), feed).await?;
+            let stream = self
+                .upstream
+                .get_blob_stream(repo, digest)
+                .await
+                .map_err(upstream)?;
+            self.forward_into(counted(&self.metrics, Box::pin(stream)), feed)
+                .await?;
         }
         Ok(())
     }
 
     async fn forward_into(
         &self,
-        mut stream: impl futures_util::Stream<Item = Result<Bytes, ClientError>> + Unpin,
+        mut stream: impl futures_util::Stream<Item = Result<Bytes, Failure>> + Unpin,
         feed: &tokio::sync::mpsc::Sender<Feed>,
-    ) -> Result<(), ClientError> {
+    ) -> Result<(), Failure> {
         while let Some(bytes) = stream.next().await {
-            let bytes = bytes?;
-            self.metrics.add_upstream_bytes(bytes.len() as u64);
-            if feed.send(Feed::Bytes(bytes)).await.is_err() {
+            if feed.send(Feed::Bytes(bytes?)).await.is_err() {
                 break; // the writer gave up; it has told the followers why
             }
         }
@@ -623,6 +691,26 @@ impl Cache {
             ),
         }
     }
+}
+
+/// Bytes from the upstream, counted.
+fn counted<'a>(
+    metrics: &'a CacheMetrics,
+    stream: impl futures_util::Stream<Item = Result<Bytes, ClientError>> + Unpin + 'a,
+) -> impl futures_util::Stream<Item = Result<Bytes, Failure>> + Unpin + 'a {
+    stream.map(move |b| {
+        b.inspect(|b| metrics.add_upstream_bytes(b.len() as u64))
+            .map_err(|e| failure_of(&e))
+    })
+}
+
+/// How a request reached the cache: for the peers it is sent on to.
+#[derive(Debug, Default)]
+pub(crate) struct Via {
+    /// The client's credentials, passed to the owning peer.
+    pub authorization: Option<String>,
+    /// Sent on by another replica: served from here or the upstream, never sent on again.
+    pub hop: bool,
 }
 
 enum Resolved {
