@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use vial_client::progress::{Event, Progress};
-use vial_client::{Registry, RegistryOptions};
+use vial_client::{Mirror, Registry, RegistryOptions};
 use vial_core::Reference;
 
 #[derive(Debug, Clone, Args)]
@@ -15,15 +15,31 @@ pub struct RegistryArgs {
     /// Talk to the registry over plain HTTP (loopback hosts always use plain HTTP).
     #[arg(long, env = "VIAL_PLAIN_HTTP", global = true)]
     pub plain_http: bool,
+
+    /// Read ORIGIN's volumes and images through the cache at URL (`vial serve --upstream`),
+    /// e.g. registry.example.com=http://vial-cache.vial:5000 (repeatable, or comma-separated in
+    /// VIAL_MIRROR). Writes still go to ORIGIN, and reads too while the cache does not answer.
+    #[arg(
+        long,
+        env = "VIAL_MIRROR",
+        value_delimiter = ',',
+        global = true,
+        value_name = "ORIGIN=URL"
+    )]
+    pub mirror: Vec<Mirror>,
 }
 
 impl RegistryArgs {
-    pub fn connect(&self, host: &str) -> anyhow::Result<Registry> {
-        let options = RegistryOptions {
+    pub fn options(&self) -> RegistryOptions {
+        RegistryOptions {
             plain_http: self.plain_http,
+            mirrors: self.mirror.clone(),
             ..RegistryOptions::default()
-        };
-        Registry::new(host, &options).with_context(|| format!("cannot use registry {host}"))
+        }
+    }
+
+    pub fn connect(&self, host: &str) -> anyhow::Result<Registry> {
+        Registry::new(host, &self.options()).with_context(|| format!("cannot use registry {host}"))
     }
 }
 

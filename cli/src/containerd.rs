@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use vial_client::RegistryOptions;
 use vial_snapshotter::containerd::pull::{host_architecture, pull, PullOptions};
 use vial_snapshotter::containerd::{serve, SnapshotterOptions, VialSnapshotter};
 use vial_snapshotter::{MountOptions, Prefetch};
@@ -84,10 +83,7 @@ pub fn run_snapshotter(args: SnapshotterArgs) -> anyhow::Result<()> {
             timeout: args.timeout,
             parallel: 16,
         },
-        registry: RegistryOptions {
-            plain_http: args.registry.plain_http,
-            ..RegistryOptions::default()
-        },
+        registry: args.registry.options(),
     };
     block_on(async move {
         let snapshotter = VialSnapshotter::open(options)

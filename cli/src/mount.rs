@@ -256,6 +256,9 @@ fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> an
     if args.registry.plain_http {
         cmd.arg("--plain-http");
     }
+    for m in &args.registry.mirror {
+        cmd.arg("--mirror").arg(format!("{}={}", m.origin, m.url));
+    }
     // Its own process group, so a terminal's hangup or Ctrl-C does not take the mount down.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = cmd

@@ -17,6 +17,6 @@ pub mod volume;
 
 pub use error::{ClientError, Expected};
 pub use registry::{
-    LeaseInfo, Manifest, Registry, RegistryOptions, RestoreReport, SealStatus, SyncJob,
+    LeaseInfo, Manifest, Mirror, Registry, RegistryOptions, RestoreReport, SealStatus, SyncJob,
     SyncProgress, SyncRequest, TagEventInfo, VersionInfo,
 };

@@ -37,7 +37,36 @@ pub struct RegistryOptions {
     pub timeout: Duration,
     /// Explicit credentials; otherwise the Docker config file is read.
     pub credentials: Option<Credentials>,
+    /// Caches to read through instead of the registry they mirror (`vial serve --upstream`).
+    pub mirrors: Vec<Mirror>,
 }
+
+/// A cache that serves reads of `origin` (`host[:port]`) at `url` (`http://host:port`,
+/// `https://host`, or a bare `host[:port]` spoken to over HTTPS unless it is a loopback address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    pub origin: String,
+    pub url: String,
+}
+
+impl std::str::FromStr for Mirror {
+    type Err = String;
+
+    /// `ORIGIN=URL`.
+    fn from_str(s: &str) -> Result<Mirror, String> {
+        let (origin, url) = s
+            .split_once('=')
+            .filter(|(o, u)| !o.is_empty() && !u.is_empty())
+            .ok_or_else(|| format!("expected ORIGIN=URL (e.g. registry.example.com=http://vial-cache:5000), got {s:?}"))?;
+        Ok(Mirror {
+            origin: origin.trim_end_matches('/').to_owned(),
+            url: url.trim_end_matches('/').to_owned(),
+        })
+    }
+}
+
+/// How long a mirror that failed is passed over before it is tried again.
+const MIRROR_PAUSE: Duration = Duration::from_secs(30);
 
 impl Default for RegistryOptions {
     fn default() -> Self {
@@ -46,6 +75,7 @@ impl Default for RegistryOptions {
             attempts: 5,
             timeout: Duration::from_secs(300),
             credentials: None,
+            mirrors: Vec::new(),
         }
     }
 }
@@ -89,6 +119,10 @@ struct Inner {
     /// Whether the registry takes packs and bulk reads (vial's extensions), once known.
     packs: AtomicU8,
     bulk_reads: AtomicU8,
+    /// The cache reads go to first, if one mirrors this registry.
+    mirror: Option<Registry>,
+    /// A mirror that failed is passed over until then.
+    paused_until: Mutex<Option<std::time::Instant>>,
 }
 
 #[derive(Deserialize)]
@@ -128,6 +162,26 @@ impl Registry {
             Some(c) => Some(c.clone()),
             None => auth::credentials_for(host)?,
         };
+        let mirror = match options.mirrors.iter().find(|m| m.origin == host) {
+            Some(m) => {
+                let (mirror_host, plain_http) = match m.url.split_once("://") {
+                    Some(("http", h)) => (h, true),
+                    Some((_, h)) => (h, false),
+                    None => (m.url.as_str(), false),
+                };
+                Some(Registry::new(
+                    mirror_host,
+                    &RegistryOptions {
+                        plain_http,
+                        attempts: 1,
+                        timeout: options.timeout,
+                        credentials: None,
+                        mirrors: Vec::new(),
+                    },
+                )?)
+            }
+            None => None,
+        };
         Ok(Registry {
             inner: Arc::new(Inner {
                 http,
@@ -140,6 +194,8 @@ impl Registry {
                 monolithic: AtomicU8::new(MONOLITHIC_UNKNOWN),
                 packs: AtomicU8::new(EXTENSION_UNKNOWN),
                 bulk_reads: AtomicU8::new(EXTENSION_UNKNOWN),
+                mirror,
+                paused_until: Mutex::new(None),
             }),
         })
     }
@@ -153,13 +209,19 @@ impl Registry {
     }
 
     /// Sends a request built by `build`, authenticating on a challenge and retrying transient
-    /// failures with exponential backoff.
+    /// failures with exponential backoff. A read goes to the mirror first, if there is one, and
+    /// to this registry when the mirror does not answer it.
     async fn send(
         &self,
         scope: &str,
         action: &str,
         build: impl Fn(&reqwest::Client) -> RequestBuilder,
     ) -> Result<Response, ClientError> {
+        if let Some(mirror) = &self.inner.mirror {
+            if let Some(r) = mirror.read_as_mirror(self, scope, &build).await {
+                return Ok(r);
+            }
+        }
         let mut delay = Duration::from_millis(100);
         let mut attempt = 1;
         loop {
@@ -178,6 +240,65 @@ impl Registry {
             delay = (delay * 2).min(Duration::from_secs(5));
             attempt += 1;
         }
+    }
+
+    /// Sends a read that `origin` was asked for to this mirror instead. `None` when it is not a
+    /// read, or the mirror failed it (then it is passed over for a while).
+    async fn read_as_mirror(
+        &self,
+        origin: &Registry,
+        scope: &str,
+        build: &impl Fn(&reqwest::Client) -> RequestBuilder,
+    ) -> Option<Response> {
+        let paused = self
+            .inner
+            .paused_until
+            .lock()
+            .ok()
+            .and_then(|p| *p)
+            .is_some_and(|until| std::time::Instant::now() < until);
+        if paused {
+            return None;
+        }
+        let probe = build(&self.inner.http).build().ok()?;
+        let read = matches!(*probe.method(), Method::GET | Method::HEAD)
+            || (*probe.method() == Method::POST && probe.url().path().ends_with("/_vial/chunks"));
+        if !read {
+            return None;
+        }
+        let origin_base = &origin.inner.base;
+        let rewrite = |c: &reqwest::Client| {
+            let (client, request) = build(c).build_split();
+            match request {
+                Ok(mut request) => {
+                    let url = request.url().as_str();
+                    if let Some(rest) = url.strip_prefix(origin_base.as_str()) {
+                        if let Ok(moved) =
+                            reqwest::Url::parse(&format!("{}{rest}", self.inner.base))
+                        {
+                            *request.url_mut() = moved;
+                        }
+                    }
+                    RequestBuilder::from_parts(client, request)
+                }
+                Err(_) => build(c),
+            }
+        };
+        let why = match self.send_once(scope, &rewrite).await {
+            Ok(r)
+                if !(r.status().is_server_error()
+                    || r.status() == StatusCode::TOO_MANY_REQUESTS) =>
+            {
+                return Some(r)
+            }
+            Ok(r) => format!("it answered {}", r.status()),
+            Err(e) => vial_core::error_chain(&e),
+        };
+        if let Ok(mut p) = self.inner.paused_until.lock() {
+            *p = Some(std::time::Instant::now() + MIRROR_PAUSE);
+        }
+        tracing::warn!(mirror = %self.inner.host, origin = %origin.inner.host, %why, "the mirror did not answer; reading from the origin for the next 30 s");
+        None
     }
 
     async fn send_once(

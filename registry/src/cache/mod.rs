@@ -138,6 +138,7 @@ impl Cache {
                 // A large layer from a slow upstream takes its time; a dead one fails to connect.
                 timeout: Duration::from_secs(6 * 3600),
                 credentials,
+                mirrors: Vec::new(),
             },
         )
         .map_err(|e| format!("upstream {}: {e}", config.url))?;
