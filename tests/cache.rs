@@ -498,7 +498,10 @@ fn nodes_read_an_origin_reference_through_a_mirror_and_fall_back_when_it_is_gone
     let misses = metric(tier.cache(), "vial_cache_misses_total");
     assert!(misses > 0, "the pull went through the cache");
     let sent = metric(tier.origin(), "vial_bytes_sent_total");
-    assert!(!tier.upstream_asks().is_empty(), "the cache fetched from the origin");
+    assert!(
+        !tier.upstream_asks().is_empty(),
+        "the cache fetched from the origin"
+    );
 
     if fuse_available() {
         let m = Mount::new(
@@ -523,4 +526,202 @@ fn nodes_read_an_origin_reference_through_a_mirror_and_fall_back_when_it_is_gone
     assert!(tier.cache.take().unwrap().stop().success());
     pull(&tier, "via-origin");
     assert!(metric(tier.origin(), "vial_bytes_sent_total") > sent);
+}
+
+/// `vial login HOST -u USER` with the password on stdin, in `home`.
+fn login(home: &Path, host: &str, user: &str, password: &str) {
+    use std::io::Write;
+    let mut child = Command::new(crate::support::vial_bin())
+        .args(["login", host, "-u", user, "--password-stdin"])
+        .env("HOME", home)
+        .env("DOCKER_CONFIG", home.join("docker"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(password.as_bytes())
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "vial login {host} -u {user}"
+    );
+}
+
+/// An htpasswd file of `users` (name, password) and a token key, in `dir`; returns the `[auth]`
+/// table's head lines.
+fn auth_table(dir: &Path, users: &[(&str, &str)]) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let htpasswd = dir.join("htpasswd");
+    let lines: String = users
+        .iter()
+        .map(|(u, p)| format!("{u}:{}\n", bcrypt::hash(p, 4).unwrap()))
+        .collect();
+    std::fs::write(&htpasswd, lines).unwrap();
+    let key = dir.join("token.key");
+    std::fs::write(&key, pseudo_random(32, 5)).unwrap();
+    format!(
+        "[auth]\nhtpasswd = \"{}\"\ntoken-key-file = \"{}\"\n",
+        htpasswd.display(),
+        key.display()
+    )
+}
+
+#[test]
+fn the_cache_signs_in_upstream_and_keeps_each_repository_to_its_readers() {
+    let work = tempfile::tempdir().unwrap();
+    // The origin: `pusher` may push anything, `cache` may pull anything, nobody else anything.
+    let origin_config = work.path().join("origin.toml");
+    std::fs::write(
+        &origin_config,
+        format!(
+            "{}\n[[auth.rules]]\nrepositories = \"*\"\nusers = [\"pusher\"]\nactions = [\"pull\", \"push\"]\n\n[[auth.rules]]\nrepositories = \"*\"\nusers = [\"cache\"]\nactions = [\"pull\"]\n",
+            auth_table(&work.path().join("origin-auth"), &[("pusher", "push-pw"), ("cache", "cache-pw")])
+        ),
+    )
+    .unwrap();
+    let origin = Server::start_on(
+        &work.path().join("origin"),
+        &["--config", origin_config.to_str().unwrap()],
+    );
+    let pusher = work.path().join("pusher");
+    login(&pusher, &origin.addr, "pusher", "push-pw");
+    let mut pushed = Vec::new();
+    for (repo, seed) in [("a/model", 11), ("b/secret", 12)] {
+        let src = work.path().join(repo.replace('/', "-"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("w.bin"), pseudo_random(3 << 20, seed)).unwrap();
+        let out = push_json(
+            &pusher,
+            &src,
+            &format!("{}/{repo}", origin.addr),
+            &["--tag", "v1"],
+        );
+        pushed.push((src, out["reference"].as_str().unwrap().to_owned()));
+    }
+
+    // The cache signs in upstream as `cache`, its password from the environment; its own
+    // readers: bob may pull a/*, carol b/*, anonymous nothing.
+    let cache_config = work.path().join("cache.toml");
+    std::fs::write(
+        &cache_config,
+        format!(
+            "{}\n[[auth.rules]]\nrepositories = \"a/*\"\nusers = [\"bob\"]\nactions = [\"pull\"]\n\n[[auth.rules]]\nrepositories = \"b/*\"\nusers = [\"carol\"]\nactions = [\"pull\"]\n\n[upstream]\nurl = \"http://{}\"\nusername = \"cache\"\npassword = \"env:TEST_UPSTREAM_PASSWORD\"\n",
+            auth_table(&work.path().join("cache-auth"), &[("bob", "bob-pw"), ("carol", "carol-pw")]),
+            origin.addr
+        ),
+    )
+    .unwrap();
+    let cache = Server::start_with(
+        &work.path().join("cache"),
+        &[
+            "--config".to_owned(),
+            cache_config.to_str().unwrap().to_owned(),
+        ],
+        &[("TEST_UPSTREAM_PASSWORD", "cache-pw".to_owned())],
+    );
+
+    // carol reads b/secret through the cache: its chunks are now on the cache's disk.
+    let carol = work.path().join("carol");
+    login(&carol, &cache.addr, "carol", "carol-pw");
+    let digest = pushed[1].1.split_once('@').unwrap().1;
+    let out = carol.join("out");
+    vial_ok(
+        &carol,
+        &[
+            "pull",
+            &format!("{}/b/secret@{digest}", cache.addr),
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_same_tree(&pushed[1].0, &out);
+
+    let client = reqwest::blocking::Client::new();
+    let token = |user: &str, password: &str, scope: &str| -> String {
+        let r = client
+            .get(format!("{}/token?scope={scope}", cache.url()))
+            .basic_auth(user, Some(password))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<serde_json::Value>().unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let chunks = cached_chunks(
+        &cache,
+        &token("carol", "carol-pw", "repository:b/secret:pull"),
+        digest,
+    );
+    assert!(!chunks.is_empty());
+    let bob = token("bob", "bob-pw", "repository:a/model:pull");
+    for chunk in &chunks {
+        let under_a = client
+            .get(format!("{}/v2/a/model/blobs/{chunk}", cache.url()))
+            .bearer_auth(&bob)
+            .send()
+            .unwrap();
+        assert_eq!(
+            under_a.status(),
+            404,
+            "a chunk cached for b/secret is not readable under a/model"
+        );
+        let under_b = client
+            .get(format!("{}/v2/b/secret/blobs/{chunk}", cache.url()))
+            .bearer_auth(&bob)
+            .send()
+            .unwrap();
+        assert_eq!(under_b.status(), 403, "bob may not read b/secret");
+        let anonymous = client
+            .get(format!("{}/v2/b/secret/blobs/{chunk}", cache.url()))
+            .send()
+            .unwrap();
+        assert_eq!(anonymous.status(), 401);
+    }
+    // bob reads a/model through the cache with his own sign-in.
+    let bob_home = work.path().join("bob");
+    login(&bob_home, &cache.addr, "bob", "bob-pw");
+    let out = bob_home.join("out");
+    vial_ok(
+        &bob_home,
+        &[
+            "pull",
+            &format!("{}/a/model:v1", cache.addr),
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_same_tree(&pushed[0].0, &out);
+}
+
+/// The chunk digests of a volume version, read through `cache` with `token`.
+fn cached_chunks(cache: &Server, token: &str, version: &str) -> Vec<String> {
+    let client = reqwest::blocking::Client::new();
+    let get = |path: String| -> serde_json::Value {
+        client
+            .get(format!("{}{path}", cache.url()))
+            .bearer_auth(token)
+            .header("accept", vial_core::media::OCI_INDEX)
+            .header("accept", vial_core::media::OCI_MANIFEST)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let index = get(format!("/v2/b/secret/manifests/{version}"));
+    let mut chunks = Vec::new();
+    for m in index["manifests"].as_array().unwrap() {
+        if m["artifactType"] == "application/vnd.vial.chunks.v1" {
+            let part = get(format!(
+                "/v2/b/secret/manifests/{}",
+                m["digest"].as_str().unwrap()
+            ));
+            for layer in part["layers"].as_array().unwrap() {
+                chunks.push(layer["digest"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    chunks
 }
