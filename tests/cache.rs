@@ -725,3 +725,61 @@ fn cached_chunks(cache: &Server, token: &str, version: &str) -> Vec<String> {
     }
     chunks
 }
+
+#[test]
+fn containerd_pulls_an_ordinary_image_through_the_cache_as_a_mirror() {
+    let Some(skopeo) = peer("skopeo") else { return };
+    let Some(ctd) = crate::support::containerd::Containerd::start() else {
+        return;
+    };
+    let tier = Tier::start(&[]);
+    let layout = tier.home.path().join("busybox");
+    if crate::support::containerd::busybox_layout(&layout, "1").is_none() {
+        return;
+    }
+    let image = format!("{}/images/busybox:1", tier.origin().addr);
+    run(Command::new(&skopeo)
+        .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+        .arg(format!("oci:{}:1", layout.display()))
+        .arg(format!("docker://{image}")));
+    // docs/cache.md: the origin's hosts.toml names the cache as a mirror for pulls.
+    let hosts = tier.home.path().join("certs.d");
+    let origin_dir = hosts.join(&tier.origin().addr);
+    std::fs::create_dir_all(&origin_dir).unwrap();
+    std::fs::write(
+        origin_dir.join("hosts.toml"),
+        format!(
+            "server = \"http://{}\"\n\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            tier.origin().addr,
+            tier.cache().addr
+        ),
+    )
+    .unwrap();
+    ctd.ctr_ok(&[
+        "images",
+        "pull",
+        "--hosts-dir",
+        hosts.to_str().unwrap(),
+        "--snapshotter",
+        "vial",
+        &image,
+    ]);
+    let asks = tier.upstream_asks();
+    assert!(
+        !asks.is_empty(),
+        "the layers came through the cache, which fetched them from the origin"
+    );
+    assert!(metric(tier.cache(), "vial_cache_misses_total") > 0);
+    let out = ctd.ctr_ok(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "vial",
+        &image,
+        "via-cache",
+        "/bin/busybox",
+        "echo",
+        "pulled through the cache",
+    ]);
+    assert_eq!(out.trim(), "pulled through the cache");
+}
