@@ -783,3 +783,125 @@ fn containerd_pulls_an_ordinary_image_through_the_cache_as_a_mirror() {
     ]);
     assert_eq!(out.trim(), "pulled through the cache");
 }
+
+/// Three replicas; `nodes` cold nodes, each with its own node cache, mount `version` of the
+/// origin through a mirror (node n through replica n mod 3) and read every file. `kill` stops a
+/// replica with SIGKILL once the nodes are reading.
+fn herd(
+    tier: &Tier,
+    replicas: &mut [Option<Server>],
+    version: &str,
+    expected: &Path,
+    nodes: usize,
+    kill: Option<usize>,
+) {
+    let origin = tier.origin().addr.clone();
+    let mirrors: Vec<String> = replicas
+        .iter()
+        .map(|r| format!("{origin}=http://{}", r.as_ref().unwrap().addr))
+        .collect();
+    let reading = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for n in 0..nodes {
+            let (mirror, reading) = (mirrors[n % mirrors.len()].clone(), &reading);
+            let origin = origin.clone();
+            let home = tier
+                .home
+                .path()
+                .join(format!("{version}-node-{n}").replace([':', '@'], "-"));
+            s.spawn(move || {
+                std::fs::create_dir_all(&home).unwrap();
+                let m = Mount::new(
+                    &home,
+                    &format!("{origin}/{version}"),
+                    "mnt",
+                    &["--mirror", &mirror],
+                );
+                reading.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                assert_same_tree(expected, &m.path);
+            });
+        }
+        if let Some(victim) = kill {
+            while reading.load(std::sync::atomic::Ordering::SeqCst) < nodes / 2 {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            replicas[victim].take().unwrap().kill_hard();
+        }
+    });
+}
+
+#[test]
+fn a_herd_of_cold_nodes_mounts_through_three_replicas_and_survives_one_dying() {
+    if !fuse_available() {
+        return;
+    }
+    let tier = Tier::start(&[]);
+    // A bigger volume than the tier's: 64 MiB in four shards.
+    let volume = tier.home.path().join("herd-volume");
+    std::fs::create_dir_all(&volume).unwrap();
+    for shard in 0..4 {
+        std::fs::write(
+            volume.join(format!("model-{shard}.safetensors")),
+            pseudo_random(16 << 20, 100 + shard),
+        )
+        .unwrap();
+    }
+    let pinned = push_json(
+        tier.home.path(),
+        &volume,
+        &format!("{}/weights/herd", tier.origin().addr),
+        &["--tag", "v1"],
+    )["reference"]
+        .as_str()
+        .unwrap()
+        .split_once('/')
+        .unwrap()
+        .1
+        .to_owned();
+    let ports: Vec<u16> = (0..3).map(|_| crate::support::free_port()).collect();
+    let peers = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut replicas: Vec<Option<Server>> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let addr = format!("127.0.0.1:{port}");
+            Some(start_cache(
+                &tier.home.path().join(format!("herd-replica-{i}")),
+                &tier.proxy.addr,
+                &["--addr", &addr, "--peers", &peers],
+            ))
+        })
+        .collect();
+    let sent_before = metric(tier.origin(), "vial_bytes_sent_total");
+    herd(&tier, &mut replicas, &pinned, &volume, 24, None);
+    let sent = metric(tier.origin(), "vial_bytes_sent_total") - sent_before;
+    let size = 64u64 << 20;
+    assert!(
+        sent <= size + size / 20,
+        "24 nodes through 3 replicas: the origin sent {sent} bytes for a {size}-byte volume"
+    );
+
+    // A new version, read by 12 more cold nodes; a replica dies while they read.
+    std::fs::write(
+        volume.join("model-0.safetensors"),
+        pseudo_random(16 << 20, 200),
+    )
+    .unwrap();
+    let v2 = push_json(
+        tier.home.path(),
+        &volume,
+        &format!("{}/weights/herd", tier.origin().addr),
+        &["--tag", "v2"],
+    )["reference"]
+        .as_str()
+        .unwrap()
+        .split_once('/')
+        .unwrap()
+        .1
+        .to_owned();
+    herd(&tier, &mut replicas, &v2, &volume, 12, Some(1));
+}
