@@ -175,14 +175,6 @@ impl Registry {
     }
 }
 
-/// User + system CPU seconds of a process so far.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
-}
-
 /// Runs `program args` under `/usr/bin/time`, timing it and reading its CPU and peak memory.
 fn timed(
     program: &Path,
@@ -260,7 +252,7 @@ async fn row(
         }
     }
     let before = reg.s3_requests().await;
-    let cpu_before = cpu_seconds(reg.server.pid());
+    let cpu_before = servers::cpu_seconds(reg.server.pid());
     match run() {
         Ok((wall, cpu, rss)) => {
             r.seconds = Some(wall);
@@ -272,7 +264,7 @@ async fn row(
             r.error = Some(format!("{e:#}"));
         }
     }
-    r.registry_cpu = cpu_seconds(reg.server.pid())
+    r.registry_cpu = servers::cpu_seconds(reg.server.pid())
         .zip(cpu_before)
         .map(|(a, b)| a - b);
     let after = reg.s3_requests().await;
@@ -520,6 +512,7 @@ async fn run_size(
         cache_size: "64GiB".into(),
         prefetch: "none",
         log: logs.join("mount.log"),
+        extra: Vec::new(),
     };
     let mut mount_row = Row {
         op: "full read".into(),
@@ -531,8 +524,8 @@ async fn run_size(
             sync_disk();
             drop_page_cache()?;
             let paths: Vec<PathBuf> = names.iter().map(|n| mountpoint.join(n)).collect();
-            let reg_before = cpu_seconds(reg.server.pid());
-            let mount_before = m.pid.and_then(cpu_seconds);
+            let reg_before = servers::cpu_seconds(reg.server.pid());
+            let mount_before = m.pid.and_then(servers::cpu_seconds);
             let s3_before = reg.s3_requests().await;
             let started = std::time::Instant::now();
             match m.read_files(&paths, paths.len()) {
@@ -544,10 +537,10 @@ async fn run_size(
             }
             mount_row.client_cpu = m
                 .pid
-                .and_then(cpu_seconds)
+                .and_then(servers::cpu_seconds)
                 .zip(mount_before)
                 .map(|(a, b)| a - b);
-            mount_row.registry_cpu = cpu_seconds(reg.server.pid())
+            mount_row.registry_cpu = servers::cpu_seconds(reg.server.pid())
                 .zip(reg_before)
                 .map(|(a, b)| a - b);
             let s3_after = reg.s3_requests().await;

@@ -12,6 +12,7 @@ mod containerd;
 mod cri;
 mod data;
 mod files;
+mod fleet;
 mod manifests;
 mod mount;
 mod mounted;
@@ -55,6 +56,9 @@ enum Command {
     /// Metadata at fleet scale: a PostgreSQL store grown to 1e5 and 1e6 blob rows, request
     /// latencies and a collection pass after deleting 5% of versions.
     Scale(scale::ScaleArgs),
+    /// The cache tier: 1, 4 and 16 cold nodes read one volume with and without
+    /// `vial serve --upstream`, the origin behind a throttled link.
+    Fleet(fleet::FleetArgs),
     /// The file-per-layer client `files` measures (run by the benchmark itself).
     #[command(hide = true)]
     FilesClient(files::ClientArgs),
@@ -162,6 +166,7 @@ fn main() -> Result<()> {
                 Command::Containerd(args) => containerd::containerd(args).await,
                 Command::Files(args) => files::files(args).await,
                 Command::Scale(args) => scale::scale(args).await,
+                Command::Fleet(args) => fleet::fleet(args).await,
                 Command::FilesClient(args) => files::client(args).await,
             }
         };

@@ -49,6 +49,8 @@ pub struct MountSpec {
     pub cache_size: String,
     pub prefetch: &'static str,
     pub log: PathBuf,
+    /// More `vial mount` arguments (`--mirror`, `--timeout`).
+    pub extra: Vec<String>,
 }
 
 /// A mounted version. Dropping it unmounts lazily and makes sure the mount process has gone.
@@ -91,6 +93,7 @@ impl Mounted {
             ])
             .arg("--log-file")
             .arg(&spec.log)
+            .args(&spec.extra)
             .stdin(Stdio::null());
         let started = Instant::now();
         let out = cmd

@@ -394,6 +394,7 @@ impl Ctx<'_> {
             cache_size: self.args.cache_size.clone(),
             prefetch,
             log: self.logs.join(format!("mount-{log}.log")),
+            extra: Vec::new(),
         }
     }
 
