@@ -18,7 +18,9 @@ pub struct RegistryArgs {
 
     /// Read ORIGIN's volumes and images through the cache at URL (`vial serve --upstream`),
     /// e.g. registry.example.com=http://vial-cache.vial:5000 (repeatable, or comma-separated in
-    /// VIAL_MIRROR). Writes still go to ORIGIN, and reads too while the cache does not answer.
+    /// VIAL_MIRROR; a node's default in `mirrors = [...]` of /etc/vial/node.toml or
+    /// $VIAL_NODE_CONFIG). Writes still go to ORIGIN, and reads too while the cache does not
+    /// answer.
     #[arg(
         long,
         env = "VIAL_MIRROR",
@@ -31,9 +33,12 @@ pub struct RegistryArgs {
 
 impl RegistryArgs {
     pub fn options(&self) -> RegistryOptions {
+        let mut mirrors = self.mirror.clone();
+        // The node's file comes after the flags: the first mirror named for an origin wins.
+        mirrors.extend(node_mirrors());
         RegistryOptions {
             plain_http: self.plain_http,
-            mirrors: self.mirror.clone(),
+            mirrors,
             ..RegistryOptions::default()
         }
     }
@@ -41,6 +46,36 @@ impl RegistryArgs {
     pub fn connect(&self, host: &str) -> anyhow::Result<Registry> {
         Registry::new(host, &self.options()).with_context(|| format!("cannot use registry {host}"))
     }
+}
+
+/// The node config file's mirrors (`mirrors = ["ORIGIN=URL", …]`); none when there is no file.
+/// A file that is there but wrong is reported, not ignored.
+fn node_mirrors() -> Vec<Mirror> {
+    let path = std::env::var_os("VIAL_NODE_CONFIG").map_or_else(
+        || std::path::PathBuf::from("/etc/vial/node.toml"),
+        Into::into,
+    );
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    match parse_node_mirrors(&text) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "ignoring the node config file");
+            Vec::new()
+        }
+    }
+}
+
+fn parse_node_mirrors(text: &str) -> Result<Vec<Mirror>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NodeConfig {
+        #[serde(default)]
+        mirrors: Vec<String>,
+    }
+    let config: NodeConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+    config.mirrors.iter().map(|m| m.parse()).collect()
 }
 
 pub fn parse_reference(s: &str) -> anyhow::Result<Reference> {
@@ -139,4 +174,29 @@ impl Progress for Bars {
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_config_names_mirrors_and_a_wrong_one_is_an_error() {
+        let mirrors =
+            parse_node_mirrors("mirrors = [\"registry.example.com=http://vial-cache:5000\"]\n")
+                .unwrap();
+        assert_eq!(
+            mirrors,
+            [Mirror {
+                origin: "registry.example.com".into(),
+                url: "http://vial-cache:5000".into()
+            }]
+        );
+        assert!(parse_node_mirrors("mirrors = [\"no-equals-sign\"]").is_err());
+        assert!(
+            parse_node_mirrors("mirror = []").is_err(),
+            "a typo is not ignored"
+        );
+        assert!(parse_node_mirrors("").unwrap().is_empty());
+    }
 }

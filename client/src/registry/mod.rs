@@ -13,11 +13,13 @@ use vial_core::{Algorithm, Digest, RepoName, Target};
 
 mod bulk;
 mod extensions;
+mod mirror;
 
 pub use extensions::{
     LeaseInfo, RestoreReport, SealStatus, SyncJob, SyncProgress, SyncRequest, TagEventInfo,
     VersionInfo,
 };
+pub use mirror::Mirror;
 
 use crate::auth::{self, Challenge, Credentials};
 use crate::error::Expected;
@@ -40,33 +42,6 @@ pub struct RegistryOptions {
     /// Caches to read through instead of the registry they mirror (`vial serve --upstream`).
     pub mirrors: Vec<Mirror>,
 }
-
-/// A cache that serves reads of `origin` (`host[:port]`) at `url` (`http://host:port`,
-/// `https://host`, or a bare `host[:port]` spoken to over HTTPS unless it is a loopback address).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mirror {
-    pub origin: String,
-    pub url: String,
-}
-
-impl std::str::FromStr for Mirror {
-    type Err = String;
-
-    /// `ORIGIN=URL`.
-    fn from_str(s: &str) -> Result<Mirror, String> {
-        let (origin, url) = s
-            .split_once('=')
-            .filter(|(o, u)| !o.is_empty() && !u.is_empty())
-            .ok_or_else(|| format!("expected ORIGIN=URL (e.g. registry.example.com=http://vial-cache:5000), got {s:?}"))?;
-        Ok(Mirror {
-            origin: origin.trim_end_matches('/').to_owned(),
-            url: url.trim_end_matches('/').to_owned(),
-        })
-    }
-}
-
-/// How long a mirror that failed is passed over before it is tried again.
-const MIRROR_PAUSE: Duration = Duration::from_secs(30);
 
 impl Default for RegistryOptions {
     fn default() -> Self {
@@ -240,65 +215,6 @@ impl Registry {
             delay = (delay * 2).min(Duration::from_secs(5));
             attempt += 1;
         }
-    }
-
-    /// Sends a read that `origin` was asked for to this mirror instead. `None` when it is not a
-    /// read, or the mirror failed it (then it is passed over for a while).
-    async fn read_as_mirror(
-        &self,
-        origin: &Registry,
-        scope: &str,
-        build: &impl Fn(&reqwest::Client) -> RequestBuilder,
-    ) -> Option<Response> {
-        let paused = self
-            .inner
-            .paused_until
-            .lock()
-            .ok()
-            .and_then(|p| *p)
-            .is_some_and(|until| std::time::Instant::now() < until);
-        if paused {
-            return None;
-        }
-        let probe = build(&self.inner.http).build().ok()?;
-        let read = matches!(*probe.method(), Method::GET | Method::HEAD)
-            || (*probe.method() == Method::POST && probe.url().path().ends_with("/_vial/chunks"));
-        if !read {
-            return None;
-        }
-        let origin_base = &origin.inner.base;
-        let rewrite = |c: &reqwest::Client| {
-            let (client, request) = build(c).build_split();
-            match request {
-                Ok(mut request) => {
-                    let url = request.url().as_str();
-                    if let Some(rest) = url.strip_prefix(origin_base.as_str()) {
-                        if let Ok(moved) =
-                            reqwest::Url::parse(&format!("{}{rest}", self.inner.base))
-                        {
-                            *request.url_mut() = moved;
-                        }
-                    }
-                    RequestBuilder::from_parts(client, request)
-                }
-                Err(_) => build(c),
-            }
-        };
-        let why = match self.send_once(scope, &rewrite).await {
-            Ok(r)
-                if !(r.status().is_server_error()
-                    || r.status() == StatusCode::TOO_MANY_REQUESTS) =>
-            {
-                return Some(r)
-            }
-            Ok(r) => format!("it answered {}", r.status()),
-            Err(e) => vial_core::error_chain(&e),
-        };
-        if let Ok(mut p) = self.inner.paused_until.lock() {
-            *p = Some(std::time::Instant::now() + MIRROR_PAUSE);
-        }
-        tracing::warn!(mirror = %self.inner.host, origin = %origin.inner.host, %why, "the mirror did not answer; reading from the origin for the next 30 s");
-        None
     }
 
     async fn send_once(
