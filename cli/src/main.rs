@@ -4,6 +4,7 @@
 mod common;
 mod containerd;
 mod copy;
+mod follow;
 mod gc;
 mod info;
 mod lifecycle;

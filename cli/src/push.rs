@@ -43,7 +43,7 @@ pub struct PushArgs {
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial pull localhost:5000/weights/my-model@sha256:… ./model\n  vial pull localhost:5000/weights/my-model:prod ./model --json\n  vial pull localhost:5000/weights/my-model:prod ./model --fsync\n\nAn interrupted pull resumes: run it again and only what is missing or wrong is downloaded.\nWithout --fsync the files are in the page cache when pull returns, as after curl -o: a power\nloss right after could lose them, and running the pull again checks every chunk on disk."
+    after_help = "Examples:\n  vial pull localhost:5000/weights/my-model@sha256:… ./model\n  vial pull localhost:5000/weights/my-model:prod ./model --json\n  vial pull localhost:5000/weights/my-model:prod ./model --fsync\n  vial pull --follow localhost:5000/weights/my-model:prod /srv/model --exec 'curl -X POST localhost:8000/reload'\n\nAn interrupted pull resumes: run it again and only what is missing or wrong is downloaded.\nWithout --fsync the files are in the page cache when pull returns, as after curl -o: a power\nloss right after could lose them, and running the pull again checks every chunk on disk.\n\nWith --follow, DIR/current is a symlink to DIR/versions/sha256-<hex>/, a complete and verified\ncopy of the version the tag points at. When the tag moves, the new version is built beside the\nold one (unchanged files hard-linked, unchanged chunks copied, only the rest downloaded), then\ncurrent is switched in one rename: a reader that resolves current once reads one version to the\nend. --exec runs after each switch with VIAL_DIGEST, VIAL_REFERENCE, VIAL_PATH (the version's\ndirectory), VIAL_CURRENT and VIAL_PREVIOUS_DIGEST set. One line per switch is printed (a JSON\nobject with --json). Killed at any moment, it resumes where it was; SIGTERM stops it."
 )]
 pub struct PullArgs {
     /// Version to download: host[:port]/name:tag or host[:port]/name@sha256:…
@@ -53,10 +53,22 @@ pub struct PullArgs {
     /// Downloads in flight at once (each a run of up to 16 MiB of chunks).
     #[arg(long, default_value_t = 8)]
     downloads: usize,
-    /// Make every file durable on disk (fsync) before pull returns.
+    /// Make every file durable on disk (fsync) before pull returns (with --follow: before each
+    /// switch).
     #[arg(long)]
     fsync: bool,
-    /// Print a JSON summary instead of text.
+    /// Keep following the tag: switch DIR/current to each version it moves to, fetching only
+    /// what changed. Runs until SIGTERM or Ctrl-C.
+    #[arg(long)]
+    follow: bool,
+    /// With --follow: versions to keep on disk, the current one included (older ones are removed
+    /// after each switch; a tag moved back to a kept version switches without fetching).
+    #[arg(long, default_value_t = 2, requires = "follow", value_parser = clap::value_parser!(u64).range(1..))]
+    keep: u64,
+    /// With --follow: a shell command to run after each switch.
+    #[arg(long, requires = "follow", value_name = "CMD")]
+    exec: Option<String>,
+    /// Print a JSON summary instead of text (with --follow: one JSON object per line).
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -198,7 +210,19 @@ pub fn run_pull(args: PullArgs) -> anyhow::Result<()> {
     let options = PullOptions {
         runs: args.downloads,
         fsync: args.fsync,
+        seeds: Vec::new(),
     };
+    if args.follow {
+        let follow = crate::follow::PullFollow {
+            reference,
+            dir: args.dir,
+            keep: args.keep as usize,
+            exec: args.exec,
+            json: args.json,
+            options,
+        };
+        return block_on(crate::follow::pull_follow(registry, follow));
+    }
     block_on(async {
         let report = pull::pull(
             &registry,

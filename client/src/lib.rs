@@ -8,6 +8,7 @@ pub mod auth;
 mod chunker;
 pub mod copy;
 mod error;
+pub mod follow;
 pub mod progress;
 pub mod pull;
 pub mod push;

@@ -3,6 +3,11 @@
 //! Files are written as `.<name>.vial-part` next to their final name and renamed when complete.
 //! An interrupted pull resumes: bytes already on disk (in part files or complete files) are hashed
 //! and only the chunks that do not match are downloaded again.
+//!
+//! A pull may be given *seeds*: complete copies of other versions that vial pulled and verified on
+//! this machine. A file whose content a seed holds (the same chunks, the same mode) is hard-linked
+//! from it, and chunks of changed files are copied from wherever a seed holds them; only the rest
+//! is fetched. This is how `vial pull --follow` applies a new version as a delta.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -29,6 +34,8 @@ pub struct PullOptions {
     /// it the files are in the page cache when `pull` returns, as after a `curl -o`; a pull run
     /// again after a power loss checks every chunk on disk and fetches what is missing.
     pub fsync: bool,
+    /// Verified copies of other versions to take unchanged files and chunks from.
+    pub seeds: Vec<Seed>,
 }
 
 impl Default for PullOptions {
@@ -36,7 +43,68 @@ impl Default for PullOptions {
         PullOptions {
             runs: 8,
             fsync: false,
+            seeds: Vec::new(),
         }
+    }
+}
+
+/// A complete copy of a version on this machine, written by a pull that verified every chunk of
+/// it, and left unchanged since (`vial pull --follow` never writes into a version it completed).
+/// Its bytes are trusted as they are: that is what lets a new version reuse them without reading
+/// them again.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    pub dir: PathBuf,
+    pub tree: Arc<Tree>,
+}
+
+/// What the seeds hold: whole files by content, and chunks by digest.
+#[derive(Default)]
+struct SeedIndex {
+    /// (mode, chunk digests) of a file → its path in a seed.
+    files: HashMap<(u32, Vec<Digest>), PathBuf>,
+    /// Chunk digest → (path of a seed file holding it, offset).
+    chunks: HashMap<Digest, (PathBuf, u64)>,
+}
+
+impl SeedIndex {
+    fn build(seeds: &[Seed]) -> SeedIndex {
+        let mut index = SeedIndex::default();
+        for seed in seeds {
+            for e in &seed.tree.entries {
+                let EntryKind::File { mode, chunks, .. } = &e.kind else {
+                    continue;
+                };
+                let path = seed.dir.join(&e.path);
+                let digests = chunks
+                    .iter()
+                    .map(|&c| seed.tree.chunks[c as usize].digest.clone())
+                    .collect::<Vec<_>>();
+                let mut offset = 0;
+                for &c in chunks {
+                    let chunk = &seed.tree.chunks[c as usize];
+                    index
+                        .chunks
+                        .entry(chunk.digest.clone())
+                        .or_insert_with(|| (path.clone(), offset));
+                    offset += chunk.size;
+                }
+                index.files.entry((*mode, digests)).or_insert(path);
+            }
+        }
+        index
+    }
+
+    /// A seed file with exactly this content, if one is still a regular file of the right size.
+    fn file(&self, tree: &Tree, mode: u32, size: u64, chunks: &[u32]) -> Option<&Path> {
+        let digests = chunks
+            .iter()
+            .map(|&c| tree.chunks[c as usize].digest.clone())
+            .collect::<Vec<_>>();
+        let path = self.files.get(&(mode, digests))?;
+        std::fs::symlink_metadata(path)
+            .is_ok_and(|m| m.is_file() && m.len() == size)
+            .then_some(path.as_path())
     }
 }
 
@@ -237,7 +305,14 @@ pub struct PullReport {
     pub chunks_downloaded: u64,
     pub bytes_downloaded: u64,
     pub bytes_already_present: u64,
+    /// Bytes taken from seeds: files hard-linked and chunks copied.
+    pub bytes_reused: u64,
+    /// Files hard-linked from seeds.
+    pub files_linked: u64,
     pub seconds: f64,
+    /// The version's tree, for callers that keep it (`vial pull --follow` reuses its bytes).
+    #[serde(skip)]
+    pub tree: Option<Arc<Tree>>,
 }
 
 /// Where each chunk goes: (file index, offset in the file), by chunk index.
@@ -250,6 +325,9 @@ struct FileTarget {
     mode: u32,
     /// Whether the file was just created empty, so nothing in it needs checking.
     fresh: bool,
+    /// Whether the file is complete already, hard-linked from a seed: nothing in it is fetched,
+    /// copied or checked.
+    linked: bool,
 }
 
 /// Pulls `target` of `repo` into `dest`, creating it if needed.
@@ -267,8 +345,9 @@ pub async fn pull(
     let tree = Arc::new(tree);
     let dest = dest.to_path_buf();
 
-    let (files, t) = (Arc::clone(&tree), dest.clone());
-    let targets = tokio::task::spawn_blocking(move || prepare(&t, &files))
+    let seeds = Arc::new(SeedIndex::build(&options.seeds));
+    let (files, t, s) = (Arc::clone(&tree), dest.clone(), Arc::clone(&seeds));
+    let targets = tokio::task::spawn_blocking(move || prepare(&t, &files, &s))
         .await
         .map_err(|e| ClientError::Invalid(format!("prepare failed: {e}")))??;
     let targets = Arc::new(targets);
@@ -277,11 +356,17 @@ pub async fn pull(
         bytes: tree.total_bytes(),
     });
 
-    // Where each chunk goes: (file index, offset).
+    // Where each chunk goes: (file index, offset). Files linked from a seed are complete.
     let mut wanted: Places = HashMap::new();
     let mut file_index = 0;
+    let mut linked_bytes = 0;
     for e in &tree.entries {
-        if let EntryKind::File { chunks, .. } = &e.kind {
+        if let EntryKind::File { chunks, size, .. } = &e.kind {
+            if targets[file_index].linked {
+                linked_bytes += size;
+                file_index += 1;
+                continue;
+            }
             let mut offset = 0;
             for &c in chunks {
                 wanted.entry(c).or_default().push((file_index, offset));
@@ -290,13 +375,23 @@ pub async fn pull(
             file_index += 1;
         }
     }
+    let files_linked = targets.iter().filter(|t| t.linked).count() as u64;
 
-    // Keep only the places whose bytes are not already right.
-    let (t, tr, w) = (Arc::clone(&targets), Arc::clone(&tree), wanted);
-    let (wanted, present_bytes) = tokio::task::spawn_blocking(move || verify_existing(&t, &tr, w))
-        .await
-        .map_err(|e| ClientError::Invalid(format!("verify failed: {e}")))??;
-    progress.event(Event::Hashed(present_bytes));
+    // Keep only the places whose bytes are not already right, then fill what seeds hold.
+    let (t, tr, w, s) = (
+        Arc::clone(&targets),
+        Arc::clone(&tree),
+        wanted,
+        Arc::clone(&seeds),
+    );
+    let (wanted, present_bytes, copied_bytes) = tokio::task::spawn_blocking(move || {
+        let (wanted, present) = verify_existing(&t, &tr, w)?;
+        let (wanted, copied) = copy_from_seeds(&t, &tr, wanted, &s)?;
+        Ok::<_, ClientError>((wanted, present, copied))
+    })
+    .await
+    .map_err(|e| ClientError::Invalid(format!("verify failed: {e}")))??;
+    progress.event(Event::Hashed(present_bytes + linked_bytes + copied_bytes));
     let needed: u64 = wanted.keys().map(|c| tree.chunks[*c as usize].size).sum();
     progress.event(Event::Needed(needed));
 
@@ -353,7 +448,10 @@ pub async fn pull(
         chunks_downloaded,
         bytes_downloaded: downloaded.load(Ordering::Relaxed),
         bytes_already_present: present_bytes,
+        bytes_reused: linked_bytes + copied_bytes,
+        files_linked,
         seconds: started.elapsed().as_secs_f64(),
+        tree: Some(Arc::clone(&tree)),
     })
 }
 
@@ -367,7 +465,7 @@ fn part_path(final_path: &Path) -> PathBuf {
 
 /// Creates directories and symlinks, and opens every file for writing. Refuses to follow anything
 /// in `dest` that is not what the tree says (a symlink where a directory should be, for instance).
-fn prepare(dest: &Path, tree: &Tree) -> Result<Vec<FileTarget>, ClientError> {
+fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget>, ClientError> {
     std::fs::create_dir_all(dest).map_err(|e| ClientError::io(dest, e))?;
     let mut targets = Vec::new();
     for e in &tree.entries {
@@ -396,7 +494,7 @@ fn prepare(dest: &Path, tree: &Tree) -> Result<Vec<FileTarget>, ClientError> {
                 }
                 std::os::unix::fs::symlink(target, &path).map_err(|e| ClientError::io(&path, e))?;
             }
-            EntryKind::File { mode, size, .. } => {
+            EntryKind::File { mode, size, chunks } => {
                 let complete = existing
                     .as_ref()
                     .is_some_and(|m| m.is_file() && m.len() == *size);
@@ -405,6 +503,27 @@ fn prepare(dest: &Path, tree: &Tree) -> Result<Vec<FileTarget>, ClientError> {
                         "{} exists and is a directory, not a file",
                         path.display()
                     )));
+                }
+                // A seed holding this very content: link it (or find it linked by a pull that
+                // was interrupted). Where links cannot be made (another filesystem), its chunks
+                // are still copied from it below.
+                let seed = seeds.file(tree, *mode, *size, chunks);
+                let linked = seed.is_some_and(|from| match &existing {
+                    None => std::fs::hard_link(from, &path).is_ok(),
+                    Some(m) => std::fs::metadata(from).is_ok_and(|f| {
+                        use std::os::unix::fs::MetadataExt;
+                        (f.dev(), f.ino()) == (m.dev(), m.ino())
+                    }),
+                });
+                if linked {
+                    targets.push(FileTarget {
+                        write_to: path.clone(),
+                        final_path: path,
+                        mode: *mode,
+                        fresh: false,
+                        linked: true,
+                    });
+                    continue;
                 }
                 let (write_to, fresh) = if complete {
                     (path.clone(), false)
@@ -425,6 +544,7 @@ fn prepare(dest: &Path, tree: &Tree) -> Result<Vec<FileTarget>, ClientError> {
                     final_path: path,
                     mode: *mode,
                     fresh,
+                    linked: false,
                 });
             }
         }
@@ -468,6 +588,64 @@ fn verify_existing(
     Ok((wanted, present))
 }
 
+/// Writes every wanted chunk a seed holds from the seed's file into its places, and drops it from
+/// `wanted`. Returns what is left to fetch and the bytes copied (counted once per chunk).
+fn copy_from_seeds(
+    targets: &[FileTarget],
+    tree: &Tree,
+    mut wanted: Places,
+    seeds: &SeedIndex,
+) -> Result<(Places, u64), ClientError> {
+    if seeds.chunks.is_empty() {
+        return Ok((wanted, 0));
+    }
+    let mut copied = 0;
+    let mut sources: HashMap<PathBuf, File> = HashMap::new();
+    let mut sinks: HashMap<usize, File> = HashMap::new();
+    let mut buf = Vec::new();
+    // In place order, so reads of a seed file and writes of a target run forward.
+    let mut held: Vec<(u32, (PathBuf, u64))> = wanted
+        .keys()
+        .filter_map(|c| {
+            let at = seeds.chunks.get(&tree.chunks[*c as usize].digest)?;
+            Some((*c, at.clone()))
+        })
+        .collect();
+    held.sort_by(|a, b| a.1.cmp(&b.1));
+    for (chunk, (path, offset)) in held {
+        let size = tree.chunks[chunk as usize].size as usize;
+        if !sources.contains_key(&path) {
+            let Ok(f) = File::open(&path) else {
+                continue; // A seed file gone since: fetch the chunk instead.
+            };
+            sources.insert(path.clone(), f);
+        }
+        buf.resize(size, 0);
+        if sources[&path].read_exact_at(&mut buf, offset).is_err() {
+            continue;
+        }
+        let Some(places) = wanted.remove(&chunk) else {
+            continue;
+        };
+        for (file, at) in places {
+            let t = &targets[file];
+            if let std::collections::hash_map::Entry::Vacant(v) = sinks.entry(file) {
+                v.insert(
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&t.write_to)
+                        .map_err(|e| ClientError::io(&t.write_to, e))?,
+                );
+            }
+            sinks[&file]
+                .write_all_at(&buf, at)
+                .map_err(|e| ClientError::io(&t.write_to, e))?;
+        }
+        copied += size as u64;
+    }
+    Ok((wanted, copied))
+}
+
 fn matches_digest(bytes: &[u8], digest: &Digest) -> bool {
     let algorithm: Algorithm = digest.algorithm();
     &algorithm.digest_bytes(bytes) == digest
@@ -481,7 +659,7 @@ fn finish(
     tree: &Tree,
     fsync: bool,
 ) -> Result<(), ClientError> {
-    for t in targets {
+    for t in targets.iter().filter(|t| !t.linked) {
         if fsync {
             let f = File::open(&t.write_to).map_err(|e| ClientError::io(&t.write_to, e))?;
             f.sync_all().map_err(|e| ClientError::io(&t.write_to, e))?;

@@ -19,6 +19,7 @@ pub mod route;
 mod seal;
 pub mod storage;
 pub mod sync;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -51,6 +52,16 @@ pub struct AppState {
     pub(crate) upload_slots: Arc<front::UploadSlots>,
     /// Set when this server is a cache of another registry (`--upstream`).
     pub(crate) cache: Option<Arc<cache::Cache>>,
+    /// Requests waiting for tags to move, started by the first of them.
+    pub(crate) tag_watch: std::sync::OnceLock<Arc<watch::TagWatch>>,
+}
+
+impl AppState {
+    /// The tag watch hub, started on first use (inside the runtime).
+    pub(crate) fn tag_watch(&self) -> &Arc<watch::TagWatch> {
+        self.tag_watch
+            .get_or_init(|| watch::TagWatch::start(Arc::clone(&self.meta)))
+    }
 }
 
 impl AppState {
@@ -121,6 +132,7 @@ pub fn app(
         gc_metrics: gc::GcMetrics::default(),
         upload_slots: Arc::default(),
         cache,
+        tag_watch: std::sync::OnceLock::new(),
     });
     let router = Router::new()
         .route("/token", get(api::token).post(api::token))
@@ -167,9 +179,14 @@ pub async fn serve(
     let (stop_jobs, stopped) = tokio::sync::watch::channel(false);
     let runner = (state.config.run_jobs && !caching)
         .then(|| tokio::spawn(jobs::run(Arc::clone(&state), stopped)));
+    let watching = Arc::clone(&state);
     let shutdown = async move {
         shutdown.await;
         let _ = stop_jobs.send(true);
+        // Requests waiting on tags answer now instead of holding the shutdown for their wait.
+        if let Some(watch) = watching.tag_watch.get() {
+            watch.close();
+        }
     };
     let addr = listener.local_addr().map_err(ServeError::Listen)?;
     tracing::info!(%addr, "registry listening");

@@ -47,6 +47,8 @@ pub enum Endpoint {
     Leases(RepoName, Digest),
     /// `/v2/<name>/_vial/tags/<tag>/history`: every move of a tag (extension).
     TagHistory(RepoName, Tag),
+    /// `/v2/<name>/_vial/tags/<tag>`: where a tag points, answered once it moves (extension).
+    TagWatch(RepoName, Tag),
     /// `/v2/<name>/_vial/sync`: sync jobs into the repository (extension).
     Syncs(RepoName),
     /// `/v2/<name>/_vial/sync/<id>`: one sync job (extension).
@@ -74,6 +76,7 @@ impl Endpoint {
             Endpoint::Restore(..) => "vial_restore",
             Endpoint::Leases(..) => "vial_leases",
             Endpoint::TagHistory(..) => "vial_tag_history",
+            Endpoint::TagWatch(..) => "vial_tag_watch",
             Endpoint::Syncs(..) | Endpoint::Sync(..) => "vial_sync",
         }
     }
@@ -116,6 +119,11 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
                 Ok(Endpoint::TagHistory(r, t))
             })
         }
+        [name @ .., "_vial", "tags", tag] if !name.is_empty() => repo(name).and_then(|r| {
+            let t = Tag::parse(tag)
+                .map_err(|e| ApiError::bad_request(ErrorCode::TagInvalid, e.to_string()))?;
+            Ok(Endpoint::TagWatch(r, t))
+        }),
         [name @ .., "_vial", "sync"] if !name.is_empty() => repo(name).map(Endpoint::Syncs),
         [name @ .., "_vial", "sync", id] if !name.is_empty() => {
             repo(name).map(|r| Endpoint::Sync(r, (*id).to_owned()))

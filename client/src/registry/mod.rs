@@ -14,12 +14,14 @@ use vial_core::{Algorithm, Digest, RepoName, Target};
 mod bulk;
 mod extensions;
 mod mirror;
+mod watch;
 
 pub use extensions::{
     LeaseInfo, RestoreReport, SealStatus, SyncJob, SyncProgress, SyncRequest, TagEventInfo,
     VersionInfo,
 };
 pub use mirror::Mirror;
+pub use watch::TagState;
 
 use crate::auth::{self, Challenge, Credentials};
 use crate::error::Expected;

@@ -217,6 +217,7 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
         | Endpoint::Seal(r, _)
         | Endpoint::Leases(r, _)
         | Endpoint::TagHistory(r, _)
+        | Endpoint::TagWatch(r, _)
         | Endpoint::Syncs(r)
         | Endpoint::Sync(r, _) => repo(r, Action::Pull),
     }
@@ -461,6 +462,9 @@ async fn handle(
         }
         (Endpoint::TagHistory(repo, tag), Method::GET) => {
             vial::tag_history(state, &repo, &tag).await
+        }
+        (Endpoint::TagWatch(repo, tag), Method::GET | Method::HEAD) => {
+            vial::tag_watch(state, &repo, &tag, &req).await
         }
         (Endpoint::Leases(repo, digest), Method::GET) => vial::leases(state, &repo, &digest).await,
         (Endpoint::Leases(repo, digest), Method::PUT | Method::DELETE) => {

@@ -451,6 +451,50 @@ pub(super) async fn tag_history(
     ))
 }
 
+/// Longest `?wait=` a tag watch may hold: long enough that an idle follower asks twice a
+/// minute, short enough for proxies that cut idle requests.
+const MAX_TAG_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `GET /v2/<name>/_vial/tags/<tag>[?since=<digest>|absent][&wait=SECONDS]`: where a tag points.
+/// With `since`, the answer waits (at most `wait`, itself at most 60 s) while the tag still points
+/// at `since` (or, for `absent`, while it does not exist), and comes the moment it moves: 200 with
+/// the digest, or 404 MANIFEST_UNKNOWN once the tag is gone.
+pub(super) async fn tag_watch(
+    state: &Arc<AppState>,
+    repo: &RepoName,
+    tag: &vial_core::Tag,
+    req: &super::Request,
+) -> Result<Response, ApiError> {
+    let since = match req.query.get("since").map(str::trim) {
+        None | Some("") => None,
+        Some("absent") => Some(None),
+        Some(d) => Some(Some(Digest::parse(d).map_err(|e| {
+            ApiError::bad_request(
+                ErrorCode::DigestInvalid,
+                format!("since={d:?} is neither a digest nor \"absent\": {e}"),
+            )
+        })?)),
+    };
+    let wait = parse_wait(req.query.get("wait"), MAX_TAG_WAIT)?;
+    let now = match &since {
+        Some(since) => state.tag_watch().wait(repo, tag, since, wait).await?,
+        None => state.meta.tag_target(repo, tag).await?,
+    };
+    let Some(digest) = now else {
+        return Err(ApiError::not_found(
+            ErrorCode::ManifestUnknown,
+            format!("tag {tag} is not in {repo}"),
+        ));
+    };
+    let mut response = super::json(
+        StatusCode::OK,
+        &serde_json::json!({ "name": repo, "tag": tag.as_str(), "digest": digest }),
+    );
+    super::set_header(&mut response, "docker-content-digest", digest.as_str());
+    super::set_header(&mut response, "cache-control", "no-store");
+    Ok(response)
+}
+
 /// `POST /v2/_vial/gc[?dry-run=true]`: a garbage collection pass now; answers what it reclaimed
 /// (or, dry, what it would). The pass runs on its own task, so it finishes even if the client
 /// goes away before the answer.

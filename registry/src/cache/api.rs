@@ -48,6 +48,7 @@ pub(crate) async fn handle(
         | Endpoint::Referrers(repo, _)
         | Endpoint::Versions(repo)
         | Endpoint::TagHistory(repo, _)
+        | Endpoint::TagWatch(repo, _)
         | Endpoint::Seal(repo, _)
         | Endpoint::Syncs(repo)
         | Endpoint::Sync(repo, _)

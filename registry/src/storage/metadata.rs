@@ -632,6 +632,21 @@ pub trait TagMeta: Send + Sync {
         last: Option<&str>,
         limit: u32,
     ) -> Result<Option<Page>, StorageError>;
+
+    /// Tag moves as they commit: in this process, and on PostgreSQL on every replica sharing the
+    /// database. A notice says which tag may have moved, not where to: a reader asks
+    /// [`TagMeta::tag_target`] once per notice, however many of its clients wait on the tag.
+    fn tag_moves(&self) -> tokio::sync::broadcast::Receiver<TagMoved>;
+}
+
+/// A notice from [`TagMeta::tag_moves`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TagMoved {
+    /// This tag was set, moved or removed.
+    Tag(RepoName, String),
+    /// Notices may have been lost (the connection that hears other replicas was re-established):
+    /// any tag may have moved.
+    Lost,
 }
 
 /// Leases: nodes that say they have a version mounted.

@@ -150,6 +150,7 @@ impl ManifestMeta for SqlMetadataStore {
             if moved > 0 && before.as_deref() != Some(manifest.digest.as_str()) {
                 record_tag_event(
                     &mut tx,
+                    self.dialect,
                     repo_id,
                     tag.as_str(),
                     before.as_deref(),
@@ -175,6 +176,7 @@ impl ManifestMeta for SqlMetadataStore {
             }
         }
         tx.commit().await?;
+        self.announce(repo, tags.iter().map(Tag::as_str));
         Ok(())
     }
 
@@ -259,6 +261,7 @@ impl ManifestMeta for SqlMetadataStore {
         for tag in &tags {
             record_tag_event(
                 &mut tx,
+                self.dialect,
                 repo_id,
                 tag,
                 Some(digest.as_str()),
@@ -269,6 +272,7 @@ impl ManifestMeta for SqlMetadataStore {
             .await?;
         }
         tx.commit().await?;
+        self.announce(repo, tags.iter().map(String::as_str));
         Ok(true)
     }
 
@@ -327,6 +331,7 @@ impl ManifestMeta for SqlMetadataStore {
                 if taken.rows_affected() > 0 {
                     record_tag_event(
                         &mut tx,
+                        self.dialect,
                         repo_id,
                         &tag,
                         None,
@@ -342,6 +347,7 @@ impl ManifestMeta for SqlMetadataStore {
             }
         }
         tx.commit().await?;
+        self.announce(repo, restored.tags.iter().map(String::as_str));
         Ok(Some(restored))
     }
 

@@ -29,9 +29,15 @@ use super::metadata::{
     BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
     JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, PackedChunk, Page,
     Presence, RangeChunk, Restored, Source, StoredCheck, StoredManifest, TagEvent, TagMeta,
-    TagPrecondition, UploadMeta, UploadSession, VersionRow,
+    TagMoved, TagPrecondition, UploadMeta, UploadSession, VersionRow,
 };
 use super::{now_millis, PackId, StorageError};
+
+/// Tag moves a slow watcher may fall behind by before it is told it lost some.
+const MOVES_QUEUE: usize = 1024;
+
+/// The PostgreSQL channel that carries tag moves between replicas: `repository tag` per notice.
+const TAG_MOVES_CHANNEL: &str = "vial_tag_moves";
 
 /// The size of a blob if `$1` (a repository name) holds `$2` (a digest).
 const BLOB_SIZE_IN_REPO: &str = "SELECT b.size FROM repository_blobs rb
@@ -96,6 +102,10 @@ pub struct SqlMetadataStore {
     dialect: Dialect,
     /// Milliseconds within which a blob's last touch is recent enough not to be written again.
     touch_slack: i64,
+    /// Tag moves, for [`TagMeta::tag_moves`].
+    moves: tokio::sync::broadcast::Sender<TagMoved>,
+    /// PostgreSQL: the database URL and whether the task that hears other replicas' moves runs.
+    listener: Option<std::sync::Arc<tags::Listener>>,
 }
 
 impl SqlMetadataStore {
@@ -105,6 +115,18 @@ impl SqlMetadataStore {
     pub fn with_touch_slack(mut self, slack: Duration) -> Self {
         self.touch_slack = slack.as_millis() as i64;
         self
+    }
+
+    /// Tells this process's watchers that tags moved, once the transaction that moved them has
+    /// committed. PostgreSQL tells every replica itself ([`record_tag_event`]'s NOTIFY), this
+    /// process included.
+    fn announce<'a>(&self, repo: &RepoName, tags: impl IntoIterator<Item = &'a str>) {
+        if self.dialect == Dialect::Sqlite {
+            for tag in tags {
+                // No receiver is no one watching: nothing to tell.
+                let _ = self.moves.send(TagMoved::Tag(repo.clone(), tag.to_owned()));
+            }
+        }
     }
 
     /// The `touched_at` below which a touch is written.
@@ -135,6 +157,8 @@ impl SqlMetadataStore {
             writer,
             dialect: Dialect::Sqlite,
             touch_slack: 0,
+            moves: tokio::sync::broadcast::channel(MOVES_QUEUE).0,
+            listener: None,
         })
     }
 
@@ -176,6 +200,8 @@ impl SqlMetadataStore {
             writer,
             dialect: Dialect::Postgres,
             touch_slack: 0,
+            moves: tokio::sync::broadcast::channel(MOVES_QUEUE).0,
+            listener: Some(std::sync::Arc::new(tags::Listener::new(url))),
         })
     }
 }
@@ -233,8 +259,11 @@ async fn touch_all(
     Ok(())
 }
 
+/// Records a tag move in its history. On PostgreSQL it also notifies every replica's listener
+/// ([`TAG_MOVES_CHANNEL`]), which the database delivers only if and when the transaction commits.
 async fn record_tag_event(
     tx: &mut Transaction<'_, Any>,
+    dialect: Dialect,
     repo_id: i64,
     tag: &str,
     from: Option<&str>,
@@ -255,6 +284,15 @@ async fn record_tag_event(
     .bind(reason)
     .execute(&mut **tx)
     .await?;
+    if dialect == Dialect::Postgres {
+        sqlx::query(&format!(
+            "SELECT pg_notify('{TAG_MOVES_CHANNEL}', name || ' ' || $2) FROM repositories WHERE id = $1"
+        ))
+        .bind(repo_id)
+        .bind(tag)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 
