@@ -27,16 +27,20 @@ pub struct PullFollow {
 /// The longest pause between attempts at a switch that keeps failing.
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// Prints one line about a follower's state: text for a person, or one JSON object per line.
-#[allow(clippy::print_stdout)]
+/// Prints one line about a follower's state on stdout (text for a person, or one JSON object per
+/// line) and logs it. A stdout nobody reads any more (a background mount's) is not an error.
 pub fn say(json: bool, value: serde_json::Value, text: &str) {
-    use std::io::Write;
-    if json {
-        println!("{value}");
-    } else {
-        println!("{text}");
+    use std::io::{IsTerminal, Write};
+    if !std::io::stdout().is_terminal() {
+        tracing::info!("{text}");
     }
-    let _ = std::io::stdout().flush();
+    let mut out = std::io::stdout().lock();
+    let _ = if json {
+        writeln!(out, "{value}")
+    } else {
+        writeln!(out, "{text}")
+    };
+    let _ = out.flush();
 }
 
 /// The line printed for a switch.

@@ -14,7 +14,7 @@ use crate::common::{count, human_bytes, parse_reference, RegistryArgs};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial mount localhost:5000/weights/my-model:prod /mnt/weights/my-model\n  vial mount localhost:5000/weights/my-model@sha256:… /mnt/m --cache-size 20GiB --prefetch all\n  vial mount --stats /mnt/m\n  vial umount /mnt/m\n\nA tag is resolved once, at mount: the mount serves that version until it is unmounted.\nFrom /etc/fstab (with mount.vial linked to vial in /sbin):\n  localhost:5000/weights/m:prod  /mnt/m  vial  cache-size=20GiB,prefetch=all  0 0"
+    after_help = "Examples:\n  vial mount localhost:5000/weights/my-model:prod /mnt/weights/my-model\n  vial mount localhost:5000/weights/my-model@sha256:… /mnt/m --cache-size 20GiB --prefetch all\n  vial mount --stats /mnt/m\n  vial mount --follow localhost:5000/weights/my-model:prod /mnt/m   # reads /mnt/m/current/…\n  vial umount /mnt/m\n\nA tag is resolved once, at mount: the mount serves that version until it is unmounted.\nWith --follow the mount tracks the tag instead: MNT/current -> sha256-<hex>/ moves with it,\nfetching only the chunks the node cache lacks; a loader that resolves current once reads one\nversion to the end, and each switch prints a line (digest, bytes fetched, seconds).\nFrom /etc/fstab (with mount.vial linked to vial in /sbin):\n  localhost:5000/weights/m:prod  /mnt/m  vial  cache-size=20GiB,prefetch=all  0 0"
 )]
 pub struct MountArgs {
     /// Version to mount: host[:port]/name:tag or host[:port]/name@sha256:…
@@ -35,6 +35,18 @@ pub struct MountArgs {
     /// How long one chunk may take (retries included) before a read fails with EIO, e.g. 30s.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Follow the tag: the mount shows `current`, a symlink to the directory of the version the
+    /// tag points at (`sha256-<hex>/`), switched the moment the tag moves. Files already open
+    /// keep reading their version.
+    #[arg(long)]
+    follow: bool,
+    /// With --follow: how long a version that is no longer current, and has no file open, stays
+    /// visible before it is dropped.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, requires = "follow")]
+    follow_grace: Duration,
+    /// With --follow: print one JSON object per switch instead of text.
+    #[arg(long, requires = "follow")]
+    json: bool,
     /// Stay in the foreground instead of returning once the mount is ready.
     #[arg(long)]
     foreground: bool,
@@ -151,6 +163,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let registry = args.registry.connect(reference.registry())?;
+    if args.follow {
+        return run_follow(&args, &runtime, registry, reference, cache_dir, &mountpoint);
+    }
     let version = runtime
         .block_on(volume::open(
             &registry,
@@ -159,17 +174,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         ))
         .with_context(|| format!("cannot open {reference}"))?;
     let pinned = reference.pinned(version.digest.clone());
-    let options = MountOptions {
-        cache_dir,
-        cache_size: args.cache_size,
-        prefetch: if args.prefetch == "all" {
-            Prefetch::All
-        } else {
-            Prefetch::None
-        },
-        timeout: args.timeout,
-        parallel: 16,
-    };
+    let options = mount_options(&args, cache_dir);
     let files = version.tree.file_count();
     let bytes = version.tree.total_bytes();
     let mut mounted = vial_snapshotter::mount::mount(
@@ -222,6 +227,151 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn mount_options(args: &MountArgs, cache_dir: PathBuf) -> MountOptions {
+    MountOptions {
+        cache_dir,
+        cache_size: args.cache_size,
+        prefetch: if args.prefetch == "all" {
+            Prefetch::All
+        } else {
+            Prefetch::None
+        },
+        timeout: args.timeout,
+        parallel: 16,
+    }
+}
+
+/// How often a following mount looks for versions to drop.
+const DROP_CHECK: Duration = Duration::from_secs(2);
+
+/// `vial mount --follow`, in the foreground: mounts the tag's version, then switches `current`
+/// each time the tag moves, until unmounted or signalled.
+#[allow(clippy::print_stdout)]
+fn run_follow(
+    args: &MountArgs,
+    runtime: &tokio::runtime::Runtime,
+    registry: vial_client::Registry,
+    reference: vial_core::Reference,
+    cache_dir: PathBuf,
+    mountpoint: &Path,
+) -> anyhow::Result<()> {
+    use crate::follow::{say, say_removed};
+    let Some(tag) = reference.tag().cloned() else {
+        bail!("--follow follows a tag: give host/name:tag, not a digest");
+    };
+    let repo = reference.repo().clone();
+    let mut follower =
+        vial_client::follow::TagFollower::new(registry.clone(), repo.clone(), tag.clone());
+    let first = runtime
+        .block_on(follower.next())
+        .with_context(|| format!("cannot follow {reference}"))?
+        .with_context(|| format!("{reference} does not exist: nothing to mount yet"))?;
+    let version = runtime
+        .block_on(volume::open(
+            &registry,
+            &repo,
+            &vial_core::Target::Digest(first.clone()),
+        ))
+        .with_context(|| format!("cannot open {reference}"))?;
+    let pinned = reference.pinned(first.clone());
+    let (mut mounted, follow) = vial_snapshotter::mount::mount_following(
+        runtime.handle(),
+        registry.clone(),
+        repo.clone(),
+        version,
+        format!("vial:{reference}"),
+        format!("vial:{pinned}"),
+        mountpoint,
+        &mount_options(args, cache_dir),
+    )
+    .with_context(|| format!("cannot mount {reference}"))?;
+    runtime.block_on(mounted.lease_taken());
+    tracing::info!(%pinned, mountpoint = %mountpoint.display(), "mounted, following the tag");
+    if args.announce_ready {
+        println!("ready {pinned}");
+    } else {
+        eprintln!(
+            "mounted {pinned} at {}/current, following {reference}",
+            mountpoint.display()
+        );
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let json = args.json;
+    let grace = args.follow_grace;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot listen for SIGTERM")?;
+        let mut tick = tokio::time::interval(DROP_CHECK);
+        // The follower runs on its own task so the ticks do not cut its long polls short.
+        let (moves_tx, mut moves) = tokio::sync::mpsc::channel(1);
+        let watcher = tokio::spawn(async move {
+            loop {
+                let moved = follower.next().await;
+                let failed = moved.is_err();
+                if moves_tx.send(moved).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                _ = tick.tick() => {
+                    if mounted.try_wait().is_some() {
+                        tracing::info!(mountpoint = %mountpoint.display(), "unmounted");
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    for name in follow.drop_retired(grace) {
+                        tracing::info!(version = name, "dropped a version no longer current and no longer open");
+                    }
+                }
+                Some(moved) = moves.recv() => {
+                    let seen = std::time::Instant::now();
+                    let Some(digest) = moved? else {
+                        say_removed(json, &reference, follow.current().as_ref());
+                        continue;
+                    };
+                    if Some(&digest) == follow.current().as_ref() {
+                        continue;
+                    }
+                    // A version that cannot be opened now is tried again at the next move or
+                    // when the registry answers; the mount keeps serving `current` meanwhile.
+                    let version = match volume::open(&registry, &repo, &vial_core::Target::Digest(digest.clone())).await {
+                        Ok(v) => v,
+                        Err(e) => {
+                            tracing::warn!(%digest, error = %vial_core::error_chain(&e), "cannot open the version the tag moved to; keeping current");
+                            continue;
+                        }
+                    };
+                    let source = format!("vial:{}", reference.pinned(digest.clone()));
+                    let switch = follow.switch(version, source, seen).await;
+                    let mut value = serde_json::to_value(&switch).unwrap_or_default();
+                    value["event"] = "switch".into();
+                    value["reference"] = reference.pinned(digest.clone()).to_string().into();
+                    let text = format!(
+                        "switched {}/current to {} ({}, fetched {}; {:.2} s)",
+                        mountpoint.display(),
+                        reference.pinned(digest),
+                        if switch.was_kept { "still shown" } else { "new" },
+                        human_bytes(switch.bytes_fetched),
+                        switch.seconds
+                    );
+                    say(json, value, &text);
+                }
+            }
+        }
+        watcher.abort();
+        tracing::info!(mountpoint = %mountpoint.display(), "signal received, unmounting");
+        mounted.unmount();
+        Ok(())
+    })?;
+    let _ = mounted.wait();
+    mounted.close();
+    Ok(())
+}
+
 /// Starts the same command with `--foreground` as a detached process and returns once it reports
 /// that the mount is ready, printing the pinned reference.
 #[allow(clippy::print_stdout)]
@@ -253,6 +403,11 @@ fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> an
         .arg(&args.prefetch)
         .arg("--timeout")
         .arg(humantime::format_duration(args.timeout).to_string());
+    if args.follow {
+        cmd.arg("--follow")
+            .arg("--follow-grace")
+            .arg(humantime::format_duration(args.follow_grace).to_string());
+    }
     if args.registry.plain_http {
         cmd.arg("--plain-http");
     }

@@ -22,7 +22,8 @@ use vial_core::volume::ChunkRef;
 use crate::cache::CacheError;
 use crate::errno;
 use crate::fetch::{self, Fetcher, Priority};
-use crate::inodes::{FileNode, Inodes, NodeKind, Piece};
+use crate::follow::{self, Following, Resolved, Slot};
+use crate::inodes::{FileNode, Inodes, NodeKind, Piece, ROOT, STATS_NAME};
 use crate::stats::Stats;
 
 /// Attributes never change: the kernel may cache them for as long as it likes.
@@ -100,9 +101,16 @@ pub struct ReadAhead {
     mark: usize,
 }
 
+/// What a mount shows: one version, or the versions a followed tag has pointed at.
+#[derive(Debug)]
+pub enum View {
+    One(Arc<Shared>),
+    Following(Arc<Following>),
+}
+
 #[derive(Debug)]
 pub struct VialFs {
-    pub shared: Arc<Shared>,
+    pub view: View,
 }
 
 impl Shared {
@@ -375,6 +383,84 @@ impl Shared {
     }
 }
 
+/// What a kernel inode number names.
+enum Node {
+    /// Inode `local` of a version's table, known to the kernel as `base | local` (base 0 in a
+    /// mount of one version).
+    In {
+        shared: Arc<Shared>,
+        local: u64,
+        base: u64,
+        /// The following mount's record of the version, to count its open files.
+        slot: Option<Arc<Slot>>,
+    },
+    /// The root of a following mount.
+    FollowRoot,
+    /// `current` in a following mount.
+    Current,
+}
+
+impl VialFs {
+    fn resolve(&self, ino: u64) -> Option<Node> {
+        match &self.view {
+            View::One(shared) => Some(Node::In {
+                shared: Arc::clone(shared),
+                local: ino,
+                base: 0,
+                slot: None,
+            }),
+            View::Following(f) => Some(match f.resolve(ino)? {
+                Resolved::Root => Node::FollowRoot,
+                Resolved::Current => Node::Current,
+                Resolved::In { slot, local, base } => Node::In {
+                    shared: Arc::clone(&slot.shared),
+                    local,
+                    base,
+                    slot: Some(slot),
+                },
+            }),
+        }
+    }
+
+    fn following(&self) -> Option<&Arc<Following>> {
+        match &self.view {
+            View::Following(f) => Some(f),
+            View::One(_) => None,
+        }
+    }
+
+    /// Attributes of a following mount's root or `current`: both change as the tag moves, so the
+    /// kernel keeps them for no time at all.
+    fn follow_attr(&self, ino: u64) -> Option<FileAttr> {
+        let f = self.following()?;
+        let current = f.current()?;
+        let mut attr = current.shared.attr(ROOT)?;
+        attr.ino = INodeNo(ino);
+        if ino == follow::CURRENT {
+            attr.kind = FileType::Symlink;
+            attr.perm = 0o777;
+            attr.size = current.name.len() as u64;
+            attr.blocks = 1;
+            attr.nlink = 1;
+        } else {
+            attr.nlink = 2 + f.versions().len() as u32;
+        }
+        Some(attr)
+    }
+
+    /// A version's node as the kernel sees it: its attributes under its kernel inode number, and
+    /// how long they may be kept (no time for the statistics file, which changes).
+    fn version_attr(shared: &Shared, local: u64, base: u64) -> Option<(FileAttr, Duration)> {
+        let mut attr = shared.attr(local)?;
+        attr.ino = INodeNo(base | local);
+        let ttl = match shared.inodes.get(local).map(|n| &n.kind) {
+            Some(NodeKind::Stats) => Duration::ZERO,
+            _ => TTL,
+        };
+        Some((attr, ttl))
+    }
+}
+
 impl Filesystem for VialFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large requests: the kernel's default of 128 KiB costs a round trip per 128 KiB.
@@ -387,48 +473,74 @@ impl Filesystem for VialFs {
         let Some(name) = name.to_str() else {
             return reply.error(Errno::ENOENT);
         };
-        match self
-            .shared
-            .inodes
-            .lookup(parent.0, name)
-            .and_then(|ino| self.shared.attr(ino))
-        {
-            Some(attr) => {
-                let ttl = if matches!(
-                    self.shared.inodes.get(attr.ino.0).map(|n| &n.kind),
-                    Some(NodeKind::Stats)
-                ) {
-                    Duration::ZERO
-                } else {
-                    TTL
-                };
-                reply.entry(&ttl, &attr, fuser::Generation(0))
+        let found = match self.resolve(parent.0) {
+            Some(Node::In {
+                shared,
+                local,
+                base,
+                ..
+            }) => shared
+                .inodes
+                .lookup(local, name)
+                .and_then(|child| Self::version_attr(&shared, child, base)),
+            Some(Node::FollowRoot) => {
+                let f = self.following();
+                match name {
+                    "current" => self
+                        .follow_attr(follow::CURRENT)
+                        .map(|a| (a, Duration::ZERO)),
+                    STATS_NAME => f.and_then(|f| f.current()).and_then(|c| {
+                        let base = f?.by_digest(&c.digest)?.1;
+                        let local = c.shared.inodes.lookup(ROOT, STATS_NAME)?;
+                        Self::version_attr(&c.shared, local, base)
+                    }),
+                    _ => f
+                        .and_then(|f| f.by_name(name))
+                        .and_then(|(slot, base)| Self::version_attr(&slot.shared, ROOT, base)),
+                }
             }
+            Some(Node::Current) => None,
+            None => None,
+        };
+        match found {
+            Some((attr, ttl)) => reply.entry(&ttl, &attr, fuser::Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.shared.attr(ino.0) {
-            Some(attr) => {
-                let ttl = if matches!(
-                    self.shared.inodes.get(ino.0).map(|n| &n.kind),
-                    Some(NodeKind::Stats)
-                ) {
-                    Duration::ZERO
-                } else {
-                    TTL
-                };
-                reply.attr(&ttl, &attr)
+        let found = match self.resolve(ino.0) {
+            Some(Node::In {
+                shared,
+                local,
+                base,
+                ..
+            }) => Self::version_attr(&shared, local, base),
+            Some(Node::FollowRoot | Node::Current) => {
+                self.follow_attr(ino.0).map(|a| (a, Duration::ZERO))
             }
+            None => None,
+        };
+        match found {
+            Some((attr, ttl)) => reply.attr(&ttl, &attr),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.shared.inodes.get(ino.0).map(|n| &n.kind) {
-            Some(NodeKind::Symlink { target }) => reply.data(target.as_bytes()),
-            Some(_) => reply.error(Errno::EINVAL),
+        match self.resolve(ino.0) {
+            Some(Node::Current) => match self.following().and_then(|f| f.current()) {
+                Some(current) => reply.data(current.name.as_bytes()),
+                None => reply.error(Errno::ENOENT),
+            },
+            Some(Node::In { shared, local, .. }) => {
+                match shared.inodes.get(local).map(|n| &n.kind) {
+                    Some(NodeKind::Symlink { target }) => reply.data(target.as_bytes()),
+                    Some(_) => reply.error(Errno::EINVAL),
+                    None => reply.error(Errno::ENOENT),
+                }
+            }
+            Some(Node::FollowRoot) => reply.error(Errno::EINVAL),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -437,12 +549,26 @@ impl Filesystem for VialFs {
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
-        match self.shared.inodes.get(ino.0).map(|n| &n.kind) {
+        let Some(Node::In {
+            shared,
+            local,
+            slot,
+            ..
+        }) = self.resolve(ino.0)
+        else {
+            return reply.error(Errno::EISDIR);
+        };
+        match shared.inodes.get(local).map(|n| &n.kind) {
             // Content is immutable: keep the kernel's page cache across opens.
-            Some(NodeKind::File(_)) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Some(NodeKind::File(_)) => {
+                if let Some(slot) = slot {
+                    slot.opens.fetch_add(1, Ordering::SeqCst);
+                }
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+            }
             // Statistics change: bypass the page cache, and read the document as of this open.
             Some(NodeKind::Stats) => {
-                let fh = self.shared.stats_opens.open(self.shared.stats_json());
+                let fh = shared.stats_opens.open(shared.stats_json());
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
             }
             Some(NodeKind::Dir { .. }) => reply.error(Errno::EISDIR),
@@ -454,15 +580,22 @@ impl Filesystem for VialFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if fh.0 != 0 {
-            self.shared.stats_opens.close(fh.0);
+        if let Some(Node::In { shared, slot, .. }) = self.resolve(ino.0) {
+            if fh.0 != 0 {
+                shared.stats_opens.close(fh.0);
+            } else if let Some(slot) = slot {
+                // Saturating: a version added while a file was open elsewhere never goes below 0.
+                let _ = slot
+                    .opens
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            }
         }
         reply.ok();
     }
@@ -478,8 +611,13 @@ impl Filesystem for VialFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let shared = &self.shared;
-        let file = match shared.inodes.get(ino.0).map(|n| &n.kind) {
+        let Some(Node::In {
+            shared, local: ino, ..
+        }) = self.resolve(ino.0)
+        else {
+            return reply.error(Errno::EISDIR);
+        };
+        let file = match shared.inodes.get(ino).map(|n| &n.kind) {
             Some(NodeKind::File(f)) => f,
             Some(NodeKind::Stats) => {
                 let json = shared
@@ -499,7 +637,7 @@ impl Filesystem for VialFs {
             .stats
             .bytes_read
             .fetch_add(end.saturating_sub(offset), Ordering::Relaxed);
-        shared.read_ahead(ino.0, file, offset, end);
+        shared.read_ahead(ino, file, offset, end);
         if shared.all_available(&pieces) {
             match shared.assemble(&pieces) {
                 Ok(buf) => return reply.data(&buf),
@@ -507,13 +645,25 @@ impl Filesystem for VialFs {
                 Err(None) => {} // Evicted meanwhile: fetch again below.
             }
         }
-        let shared = Arc::clone(shared);
+        let shared = Arc::clone(&shared);
         shared.runtime.clone().spawn(async move {
             match shared.read_async(pieces).await {
                 Ok(buf) => reply.data(&buf),
                 Err(e) => reply.error(e),
             }
         });
+    }
+
+    // Nothing is ever written, so closing a file has nothing to flush.
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
     }
 
     fn readdir(
@@ -524,24 +674,42 @@ impl Filesystem for VialFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(NodeKind::Dir { children, .. }) = self.shared.inodes.get(ino.0).map(|n| &n.kind)
-        else {
-            return reply.error(Errno::ENOTDIR);
-        };
-        let mut entries: Vec<(u64, FileType, &str)> = vec![
-            (ino.0, FileType::Directory, "."),
-            (ino.0, FileType::Directory, ".."),
+        let mut entries: Vec<(u64, FileType, String)> = vec![
+            (ino.0, FileType::Directory, ".".into()),
+            (ino.0, FileType::Directory, "..".into()),
         ];
-        for (name, child) in children {
-            let kind = match self.shared.inodes.get(*child).map(|n| &n.kind) {
-                Some(NodeKind::Dir { .. }) => FileType::Directory,
-                Some(NodeKind::Symlink { .. }) => FileType::Symlink,
-                _ => FileType::RegularFile,
-            };
-            entries.push((*child, kind, name));
+        match self.resolve(ino.0) {
+            Some(Node::In {
+                shared,
+                local,
+                base,
+                ..
+            }) => {
+                let Some(NodeKind::Dir { children, .. }) =
+                    shared.inodes.get(local).map(|n| &n.kind)
+                else {
+                    return reply.error(Errno::ENOTDIR);
+                };
+                for (name, child) in children {
+                    let kind = match shared.inodes.get(*child).map(|n| &n.kind) {
+                        Some(NodeKind::Dir { .. }) => FileType::Directory,
+                        Some(NodeKind::Symlink { .. }) => FileType::Symlink,
+                        _ => FileType::RegularFile,
+                    };
+                    entries.push((base | child, kind, name.clone()));
+                }
+            }
+            Some(Node::FollowRoot) => {
+                entries.push((follow::CURRENT, FileType::Symlink, "current".into()));
+                for (slot, base) in self.following().map(|f| f.versions()).unwrap_or_default() {
+                    entries.push((base | ROOT, FileType::Directory, slot.name.clone()));
+                }
+            }
+            Some(Node::Current) => return reply.error(Errno::ENOTDIR),
+            None => return reply.error(Errno::ENOENT),
         }
         for (i, (child, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(child), (i + 1) as u64, kind, name) {
+            if reply.add(INodeNo(child), (i + 1) as u64, kind, &name) {
                 break;
             }
         }
@@ -549,23 +717,17 @@ impl Filesystem for VialFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let blocks = self
-            .shared
-            .chunks
-            .iter()
-            .map(|c| c.size)
-            .sum::<u64>()
-            .div_ceil(512);
-        reply.statfs(
-            blocks,
-            0,
-            0,
-            self.shared.inodes.len() as u64,
-            0,
-            512,
-            255,
-            MAX_IO,
-        );
+        let shared = match &self.view {
+            View::One(shared) => Some(Arc::clone(shared)),
+            View::Following(f) => f.current().map(|c| Arc::clone(&c.shared)),
+        };
+        let (blocks, files) = shared.map_or((0, 0), |s| {
+            (
+                s.chunks.iter().map(|c| c.size).sum::<u64>().div_ceil(512),
+                s.inodes.len() as u64,
+            )
+        });
+        reply.statfs(blocks, 0, 0, files, 0, 512, 255, MAX_IO);
     }
 
     // Everything that would change the filesystem is refused: a version is immutable.

@@ -115,4 +115,24 @@ impl LeaseKeeper {
             Err(_) => tracing::warn!("dropping the mount's lease timed out; it lapses on its own"),
         }
     }
+
+    /// [`LeaseKeeper::release`] for callers inside the runtime: the lease is dropped by a task.
+    pub fn release_later(&self) {
+        self.task.abort();
+        let (registry, repo, digest, holder) = (
+            self.registry.clone(),
+            self.repo.clone(),
+            self.digest.clone(),
+            self.holder.clone(),
+        );
+        self.runtime.spawn(async move {
+            let drop = registry.lease(&repo, &digest, &holder, None);
+            if !matches!(
+                tokio::time::timeout(Duration::from_secs(5), drop).await,
+                Ok(Ok(_))
+            ) {
+                tracing::warn!(%digest, "could not drop a lease; it lapses on its own");
+            }
+        });
+    }
 }

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod containerd;
 mod errno;
 mod fetch;
+pub mod follow;
 mod fs;
 mod inodes;
 mod lease;

@@ -12,7 +12,8 @@ use vial_core::RepoName;
 
 use crate::cache::ChunkCache;
 use crate::fetch::Fetcher;
-use crate::fs::{Shared, VialFs};
+use crate::follow::{Following, Slot};
+use crate::fs::{Shared, VialFs, View};
 use crate::inodes::Inodes;
 use crate::stats::Stats;
 
@@ -55,7 +56,9 @@ pub struct Mounted {
     unmounter: fuser::SessionUnmounter,
     cache: Arc<ChunkCache>,
     done: std::sync::mpsc::Receiver<std::io::Result<()>>,
-    lease: crate::lease::LeaseKeeper,
+    /// A mount of one version holds its lease here; a following mount, one per version shown.
+    lease: Option<crate::lease::LeaseKeeper>,
+    following: Option<Arc<Following>>,
     /// How the session ended, when [`Mounted::unmount`] already saw it end.
     ended: Option<std::io::Result<()>>,
     pub mountpoint: PathBuf,
@@ -129,13 +132,27 @@ impl Mounted {
     /// mount's lease on its version. Call from outside the runtime.
     pub fn close(&self) {
         self.cache.close();
-        self.lease.release();
+        if let Some(lease) = &self.lease {
+            lease.release();
+        }
+        if let Some(f) = &self.following {
+            f.release_all();
+        }
     }
 
     /// Waits until the registry has recorded this mount's lease on its version (at most a few
     /// seconds): from then on, deleting the version needs `--force`.
     pub fn lease_taken(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.lease.first_taken()
+        let first = match (&self.lease, &self.following) {
+            (Some(lease), _) => Some(lease.first_taken()),
+            (None, Some(f)) => f.current().map(|c| c.lease().first_taken()),
+            (None, None) => None,
+        };
+        async move {
+            if let Some(first) = first {
+                first.await;
+            }
+        }
     }
 
     /// Whether the session has ended, without blocking.
@@ -183,17 +200,22 @@ pub fn fuse_ready() -> Result<(), MountError> {
     Ok(())
 }
 
-/// Mounts `version` of `repo` at `mountpoint`. `source` is what `mount`/`findmnt` show, e.g.
-/// `vial:localhost:5000/weights/x@sha256:…`.
-pub fn mount(
-    runtime: &tokio::runtime::Handle,
+/// Everything every version of a mount shares: the node cache, the fetcher and the counters.
+struct Common {
+    cache: Arc<ChunkCache>,
+    fetcher: Arc<Fetcher>,
+    stats: Arc<Stats>,
+    uid: u32,
+    gid: u32,
+}
+
+/// Checks the mountpoint and opens the node cache.
+fn prepare(
     registry: Registry,
     repo: RepoName,
-    version: Version,
-    source: String,
     mountpoint: &Path,
     options: &MountOptions,
-) -> Result<Mounted, MountError> {
+) -> Result<Common, MountError> {
     if !mountpoint.is_dir() {
         return Err(MountError::Mountpoint(mountpoint.to_owned()));
     }
@@ -213,7 +235,6 @@ pub fn mount(
         options.cache_size,
         Arc::clone(&stats),
     )?);
-    let leased = (registry.clone(), repo.clone(), version.digest.clone());
     let fetcher = Arc::new(Fetcher::new(
         registry,
         repo,
@@ -222,21 +243,48 @@ pub fn mount(
         options.parallel,
         options.timeout,
     ));
-    let inodes = Inodes::build(&version.tree);
-    let shared = Arc::new(Shared {
-        inodes,
-        chunks: version.tree.chunks.clone(),
+    Ok(Common {
+        cache,
         fetcher,
         stats,
-        runtime: runtime.clone(),
-        reference: source.clone(),
         uid: std::os::unix::fs::MetadataExt::uid(&owner),
         gid: std::os::unix::fs::MetadataExt::gid(&owner),
-        time: SystemTime::now(),
-        readahead: Default::default(),
-        tensors: Default::default(),
-        stats_opens: Default::default(),
-    });
+    })
+}
+
+impl Common {
+    /// The filesystem state of one version.
+    fn shared(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        version: &Version,
+        source: String,
+    ) -> Arc<Shared> {
+        Arc::new(Shared {
+            inodes: Inodes::build(&version.tree),
+            chunks: version.tree.chunks.clone(),
+            fetcher: Arc::clone(&self.fetcher),
+            stats: Arc::clone(&self.stats),
+            runtime: runtime.clone(),
+            reference: source,
+            uid: self.uid,
+            gid: self.gid,
+            time: SystemTime::now(),
+            readahead: Default::default(),
+            tensors: Default::default(),
+            stats_opens: Default::default(),
+        })
+    }
+}
+
+/// A FUSE session serving `fs` at `mountpoint`, on its own thread.
+struct Session {
+    unmounter: fuser::SessionUnmounter,
+    notifier: fuser::Notifier,
+    done: std::sync::mpsc::Receiver<std::io::Result<()>>,
+}
+
+fn start_session(fs: VialFs, mountpoint: &Path, source: String) -> Result<Session, MountError> {
     let config = {
         let mut c = Config::default();
         c.mount_options = vec![
@@ -254,12 +302,10 @@ pub fn mount(
         c.clone_fd = true;
         c
     };
-    let fs = VialFs {
-        shared: Arc::clone(&shared),
-    };
     let mut session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?;
     let unmounter = session.unmount_callable();
+    let notifier = session.notifier();
     let (tx, done) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("vial-fuse".into())
@@ -268,23 +314,226 @@ pub fn mount(
         })
         .map_err(|e| MountError::Fuse(mountpoint.to_owned(), e))?;
     raise_readahead(mountpoint);
+    Ok(Session {
+        unmounter,
+        notifier,
+        done,
+    })
+}
+
+/// Mounts `version` of `repo` at `mountpoint`. `source` is what `mount`/`findmnt` show, e.g.
+/// `vial:localhost:5000/weights/x@sha256:…`.
+pub fn mount(
+    runtime: &tokio::runtime::Handle,
+    registry: Registry,
+    repo: RepoName,
+    version: Version,
+    source: String,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> Result<Mounted, MountError> {
+    let common = prepare(registry.clone(), repo.clone(), mountpoint, options)?;
+    let shared = common.shared(runtime, &version, source.clone());
+    let session = start_session(
+        VialFs {
+            view: View::One(Arc::clone(&shared)),
+        },
+        mountpoint,
+        source,
+    )?;
     // Only a mount that exists holds a lease.
     let lease = crate::lease::LeaseKeeper::start(
         runtime,
-        leased.0,
-        leased.1,
-        leased.2,
+        registry,
+        repo,
+        version.digest.clone(),
         crate::lease::holder(mountpoint),
     );
     if options.prefetch == Prefetch::All {
         runtime.spawn(crate::prefetch::prefetch_all(shared));
     }
     Ok(Mounted {
-        unmounter,
-        cache,
-        done,
-        lease,
+        unmounter: session.unmounter,
+        cache: common.cache,
+        done: session.done,
+        lease: Some(lease),
+        following: None,
         ended: None,
         mountpoint: mountpoint.to_owned(),
     })
+}
+
+/// A following mount's side that takes new versions in (see [`crate::follow`]).
+pub struct Follow {
+    following: Arc<Following>,
+    common: Common,
+    runtime: tokio::runtime::Handle,
+    registry: Registry,
+    repo: RepoName,
+    holder: String,
+    prefetch: Prefetch,
+    notifier: fuser::Notifier,
+}
+
+impl std::fmt::Debug for Follow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follow")
+            .field("repo", &self.repo)
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one switch of a following mount did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MountSwitch {
+    pub digest: String,
+    pub previous: Option<String>,
+    /// The version's directory at the mount's root.
+    pub dir: String,
+    /// Bytes the node fetched for the switch (the version's chunks the cache lacked, with
+    /// `--prefetch all`; metadata only without it, chunks come as they are read).
+    pub bytes_fetched: u64,
+    /// Whether the mount still showed the version: nothing was fetched.
+    pub was_kept: bool,
+    pub seconds: f64,
+}
+
+impl Follow {
+    /// Makes `current` name `version`, adding its directory first unless the mount still shows
+    /// it. With `--prefetch all` the version's chunks are fetched into the node cache before the
+    /// switch, so `current` reads at cache speed from the first byte.
+    pub async fn switch(
+        &self,
+        version: Version,
+        source: String,
+        seen: std::time::Instant,
+    ) -> MountSwitch {
+        let fetched_before = self
+            .common
+            .stats
+            .bytes_fetched
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let previous = self.following.current().map(|c| c.digest.to_string());
+        let was_kept = self.following.by_digest(&version.digest).is_some();
+        if !was_kept {
+            let shared = self.common.shared(&self.runtime, &version, source);
+            if self.prefetch == Prefetch::All {
+                crate::prefetch::prefetch_all(Arc::clone(&shared)).await;
+            }
+            let lease = crate::lease::LeaseKeeper::start(
+                &self.runtime,
+                self.registry.clone(),
+                self.repo.clone(),
+                version.digest.clone(),
+                self.holder.clone(),
+            );
+            self.following.add(Slot::new(
+                vial_client::follow::dir_name(&version.digest),
+                version.digest.clone(),
+                shared,
+                lease,
+            ));
+        }
+        self.following.make_current(&version.digest);
+        // `current` is never cached by the kernel (its entry lives 0 s); this drops a lookup
+        // already under way.
+        let _ = self.notifier.inval_entry(
+            fuser::INodeNo(crate::follow::ROOT),
+            std::ffi::OsStr::new("current"),
+        );
+        let fetched = self
+            .common
+            .stats
+            .bytes_fetched
+            .load(std::sync::atomic::Ordering::Relaxed);
+        MountSwitch {
+            digest: version.digest.to_string(),
+            previous,
+            dir: vial_client::follow::dir_name(&version.digest),
+            bytes_fetched: fetched.saturating_sub(fetched_before),
+            was_kept,
+            seconds: seen.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Drops the versions no longer current and with no file open for `grace`; returns their
+    /// directory names.
+    pub fn drop_retired(&self, grace: Duration) -> Vec<String> {
+        let gone = self.following.drop_retired(grace);
+        for name in &gone {
+            let _ = self.notifier.inval_entry(
+                fuser::INodeNo(crate::follow::ROOT),
+                std::ffi::OsStr::new(name),
+            );
+        }
+        gone
+    }
+
+    /// The digest `current` names.
+    pub fn current(&self) -> Option<vial_core::Digest> {
+        self.following.current().map(|c| c.digest.clone())
+    }
+}
+
+/// Mounts a following view at `mountpoint`, with `first` as its current version.
+pub fn mount_following(
+    runtime: &tokio::runtime::Handle,
+    registry: Registry,
+    repo: RepoName,
+    first: Version,
+    source: String,
+    first_source: String,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> Result<(Mounted, Follow), MountError> {
+    let common = prepare(registry.clone(), repo.clone(), mountpoint, options)?;
+    let following = Arc::new(Following::default());
+    let holder = crate::lease::holder(mountpoint);
+    let digest = first.digest.clone();
+    let shared = common.shared(runtime, &first, first_source);
+    let lease = crate::lease::LeaseKeeper::start(
+        runtime,
+        registry.clone(),
+        repo.clone(),
+        digest.clone(),
+        holder.clone(),
+    );
+    following.add(Slot::new(
+        vial_client::follow::dir_name(&digest),
+        digest.clone(),
+        Arc::clone(&shared),
+        lease,
+    ));
+    following.make_current(&digest);
+    let session = start_session(
+        VialFs {
+            view: View::Following(Arc::clone(&following)),
+        },
+        mountpoint,
+        source,
+    )?;
+    if options.prefetch == Prefetch::All {
+        runtime.spawn(crate::prefetch::prefetch_all(shared));
+    }
+    let mounted = Mounted {
+        unmounter: session.unmounter,
+        cache: Arc::clone(&common.cache),
+        done: session.done,
+        lease: None,
+        following: Some(Arc::clone(&following)),
+        ended: None,
+        mountpoint: mountpoint.to_owned(),
+    };
+    let follow = Follow {
+        following,
+        common,
+        runtime: runtime.clone(),
+        registry,
+        repo,
+        holder,
+        prefetch: options.prefetch,
+        notifier: session.notifier,
+    };
+    Ok((mounted, follow))
 }
