@@ -283,3 +283,108 @@ fn pushes_fail_with_503_while_postgres_is_down_and_succeed_after() {
     .status
     .success());
 }
+
+#[test]
+fn a_tag_watch_on_one_replica_hears_moves_made_on_another_even_after_the_database_restarts() {
+    let Some(pg) = PgCluster::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.database("watch");
+    let blobs = dir.path().join("blobs");
+    let a = Server::start_on(&blobs, &["--metadata-url", &url]);
+    let b = Server::start_on(&blobs, &["--metadata-url", &url]);
+    let home = dir.path().join("home");
+    let push = |seed: u64| {
+        let src = home.join(format!("src-{seed}"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("w.bin"), pseudo_random(1 << 20, seed)).unwrap();
+        let out = push_json(
+            &home,
+            &src,
+            &format!("{}/weights/watched", b.addr),
+            &["--tag", "prod"],
+        );
+        out["digest"].as_str().unwrap().to_owned()
+    };
+    // Asks replica `a` to answer once the tag leaves `since`.
+    let watch = |since: &str| {
+        let url = format!(
+            "{}/v2/weights/watched/_vial/tags/prod?since={since}&wait=60",
+            a.url()
+        );
+        std::thread::spawn(move || {
+            reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap()
+                .get(url)
+                .send()
+                .unwrap()
+                .text()
+                .unwrap()
+        })
+    };
+    let waiting = |n: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = reqwest::blocking::get(format!("{}/metrics", a.url()))
+                .unwrap()
+                .text()
+                .unwrap();
+            let now: u64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix("vial_tag_watch_waiting ")?.parse().ok())
+                .unwrap_or(0);
+            if now >= n {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "no watcher arrived");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let d1 = push(1);
+    let answer = watch(&d1);
+    waiting(1);
+    let d2 = push(2);
+    assert!(
+        answer.join().unwrap().contains(&d2),
+        "replica a missed b's move"
+    );
+
+    // The database restarts under a waiting watcher: its listener connects again and the next
+    // move made on the other replica still reaches it.
+    let answer = watch(&d2);
+    waiting(1);
+    pg.stop();
+    pg.start_again();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let d3 = loop {
+        // Pushes fail until the pools have reconnected.
+        let src = home.join("src-3");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("w.bin"), pseudo_random(1 << 20, 3)).unwrap();
+        let out = vial(
+            &home,
+            &[
+                "push",
+                src.to_str().unwrap(),
+                &format!("{}/weights/watched", b.addr),
+                "--tag",
+                "prod",
+                "--json",
+            ],
+        );
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            break v["digest"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pushes never recovered"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        answer.join().unwrap().contains(&d3),
+        "after the restart, replica a missed b's move"
+    );
+}

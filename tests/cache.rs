@@ -233,6 +233,15 @@ fn pinned_versions_and_last_known_tags_survive_the_origin_going_down_and_a_cache
     assert!(metric(tier.cache(), "vial_cache_stale_answers_total") >= 1);
     let out = tier.pull_ok(&tier.pinned, "pinned");
     assert_same_tree(&tier.src, &out);
+    if fuse_available() {
+        let m = Mount::new(
+            tier.home.path(),
+            &format!("{}/{}", tier.cache().addr, tier.pinned),
+            "mnt",
+            &[],
+        );
+        assert_same_tree(&tier.src, &m.path);
+    }
 
     // A tag the cache never saw cannot be answered: a clear error, not a hang.
     let out = tier.pull("weights/m:never", "never");
@@ -811,11 +820,12 @@ fn herd(
                 .join(format!("{version}-node-{n}").replace([':', '@'], "-"));
             s.spawn(move || {
                 std::fs::create_dir_all(&home).unwrap();
+                // A node cache smaller than the volume keeps the herd's disk use bounded.
                 let m = Mount::new(
                     &home,
                     &format!("{origin}/{version}"),
                     "mnt",
-                    &["--mirror", &mirror],
+                    &["--mirror", &mirror, "--cache-size", "64MiB"],
                 );
                 reading.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 assert_same_tree(expected, &m.path);
@@ -830,19 +840,22 @@ fn herd(
     });
 }
 
+/// A shard of the herd's volume: four make 512 MiB.
+const SHARD: usize = 128 << 20;
+
 #[test]
 fn a_herd_of_cold_nodes_mounts_through_three_replicas_and_survives_one_dying() {
     if !fuse_available() {
         return;
     }
     let tier = Tier::start(&[]);
-    // A bigger volume than the tier's: 64 MiB in four shards.
+    // A 512 MiB volume in four shards.
     let volume = tier.home.path().join("herd-volume");
     std::fs::create_dir_all(&volume).unwrap();
     for shard in 0..4 {
         std::fs::write(
             volume.join(format!("model-{shard}.safetensors")),
-            pseudo_random(16 << 20, 100 + shard),
+            pseudo_random(SHARD, 100 + shard as u64),
         )
         .unwrap();
     }
@@ -879,7 +892,7 @@ fn a_herd_of_cold_nodes_mounts_through_three_replicas_and_survives_one_dying() {
     let sent_before = metric(tier.origin(), "vial_bytes_sent_total");
     herd(&tier, &mut replicas, &pinned, &volume, 24, None);
     let sent = metric(tier.origin(), "vial_bytes_sent_total") - sent_before;
-    let size = 64u64 << 20;
+    let size = 4 * SHARD as u64;
     assert!(
         sent <= size + size / 20,
         "24 nodes through 3 replicas: the origin sent {sent} bytes for a {size}-byte volume"

@@ -19,6 +19,7 @@ mod copy;
 mod crash;
 mod cri;
 mod docker_registry;
+mod follow;
 mod gc;
 mod hardening;
 mod hostile;

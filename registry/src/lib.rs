@@ -262,6 +262,9 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
     if let Some(cache) = &state.cache {
         cache.render_metrics(&mut text);
     }
+    if let Some(watch) = state.tag_watch.get() {
+        watch.render_metrics(&mut text);
+    }
     state.blobs.render_metrics(&mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

@@ -7,6 +7,7 @@
 //! and sends the answer to every waiter: one metadata read per move, however many wait.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, watch};
@@ -26,6 +27,10 @@ pub(crate) struct TagWatch {
     watched: Mutex<HashMap<Key, watch::Sender<TagState>>>,
     /// Set at shutdown: waiting requests answer at once, so the server can stop.
     closing: watch::Sender<bool>,
+    /// Metadata reads after notices of moves (one per watched tag per move).
+    reads: AtomicU64,
+    /// Moves answered to waiting requests.
+    answered: AtomicU64,
 }
 
 impl TagWatch {
@@ -36,6 +41,8 @@ impl TagWatch {
             meta,
             watched: Mutex::new(HashMap::new()),
             closing: watch::channel(false).0,
+            reads: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
         });
         tokio::spawn(Arc::clone(&hub).hear(moves));
         hub
@@ -73,6 +80,7 @@ impl TagWatch {
                     }
                     let seen = moved.borrow_and_update().clone();
                     if &seen != since {
+                        self.answered.fetch_add(1, Ordering::Relaxed);
                         return Ok(seen);
                     }
                 }
@@ -81,6 +89,32 @@ impl TagWatch {
                 _ = closing.changed() => return Ok(since.clone()),
             }
         }
+    }
+
+    /// Prometheus lines: requests waiting now, reads after moves, moves answered.
+    pub(crate) fn render_metrics(&self, out: &mut String) {
+        let waiting: usize = self
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|tx| tx.receiver_count())
+            .sum();
+        out.push_str("# HELP vial_tag_watch_waiting Requests waiting for a tag to move.\n");
+        out.push_str("# TYPE vial_tag_watch_waiting gauge\n");
+        out.push_str(&format!("vial_tag_watch_waiting {waiting}\n"));
+        out.push_str("# HELP vial_tag_watch_reads_total Tag reads after notices of moves: one per watched tag per move, however many wait.\n");
+        out.push_str("# TYPE vial_tag_watch_reads_total counter\n");
+        out.push_str(&format!(
+            "vial_tag_watch_reads_total {}\n",
+            self.reads.load(Ordering::Relaxed)
+        ));
+        out.push_str("# HELP vial_tag_watch_answered_total Waiting requests answered because their tag moved.\n");
+        out.push_str("# TYPE vial_tag_watch_answered_total counter\n");
+        out.push_str(&format!(
+            "vial_tag_watch_answered_total {}\n",
+            self.answered.load(Ordering::Relaxed)
+        ));
     }
 
     fn subscribe(&self, repo: &RepoName, tag: &Tag) -> watch::Receiver<TagState> {
@@ -132,6 +166,7 @@ impl TagWatch {
                 let Ok(parsed) = Tag::parse(&tag) else {
                     continue;
                 };
+                self.reads.fetch_add(1, Ordering::Relaxed);
                 match self.meta.tag_target(&repo, &parsed).await {
                     Ok(target) => {
                         tracing::debug!(%repo, tag, digest = ?target.as_ref().map(Digest::as_str), waiting = tx.receiver_count(), "watched tag moved");
