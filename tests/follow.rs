@@ -278,6 +278,16 @@ fn a_tag_watch_answers_when_the_tag_moves_with_one_read_however_many_wait() {
         .send()
         .unwrap();
     assert_eq!(bad.status(), 400);
+    // The plain-OCI way to follow: a manifest GET with the ETag already seen answers 304.
+    let manifest = format!("{}/v2/weights/watched/manifests/prod", server.url());
+    let unchanged = client
+        .get(&manifest)
+        .header("if-none-match", format!("\"{d1}\""))
+        .send()
+        .unwrap();
+    assert_eq!(unchanged.status(), 304);
+    assert_eq!(unchanged.headers()["docker-content-digest"], d1.as_str());
+    assert!(unchanged.bytes().unwrap().is_empty());
     let missing = client
         .get(format!(
             "{}/v2/weights/watched/_vial/tags/absent",
@@ -645,4 +655,24 @@ fn a_following_mount_drops_old_versions_once_closed_and_past_the_grace_time() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_same_tree(&m.current(), &v2);
+}
+
+#[test]
+fn a_follower_of_a_registry_without_the_tag_watch_polls_and_still_switches() {
+    let Some(peer_registry) = crate::support::DockerRegistry::start() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let (v1, v2) = (home.path().join("v1"), home.path().join("v2"));
+    write_checkpoint(&v1, 0, &[]);
+    let changed = write_checkpoint(&v2, 1, FIVE_PERCENT);
+    let reference = format!("{}/weights/plain:prod", peer_registry.addr);
+    let d1 = digest_of(&push(home.path(), &v1, &reference));
+    let f = Follower::pull(home.path(), &reference, &home.path().join("model"));
+    assert_eq!(f.next_switch()["digest"], d1.as_str());
+    let d2 = digest_of(&push(home.path(), &v2, &reference));
+    let s = f.next_switch();
+    assert_eq!(s["digest"], d2.as_str());
+    assert!(s["bytes_fetched"].as_u64().unwrap() * 10 <= changed * 11);
+    assert_same_tree(&f.current(), &v2);
 }

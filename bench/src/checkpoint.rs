@@ -161,6 +161,10 @@ pub enum Case {
     AddTensor,
     /// LoRA-style merge: q_proj and v_proj of every layer rewritten (half of q, k, v, o).
     LoraMerge,
+    /// Round `n` of a training run: round `n` rewrites every `A_STRIDE`-th tensor starting at
+    /// `n % A_STRIDE`, on top of rounds `1..n`, so each round changes 5% of the tensors (by count)
+    /// of the one before.
+    Round(u32),
 }
 
 impl Case {
@@ -173,6 +177,7 @@ impl Case {
             Case::Rewrite5 => "a",
             Case::AddTensor => "b",
             Case::LoraMerge => "c",
+            Case::Round(_) => "round",
         }
     }
 
@@ -182,6 +187,7 @@ impl Case {
             Case::Rewrite5 => "(a) 5% of tensors rewritten",
             Case::AddTensor => "(b) one tensor added",
             Case::LoraMerge => "(c) LoRA merge (q,v rewritten)",
+            Case::Round(_) => "a training round (5% of tensors rewritten since the last)",
         }
     }
 }
@@ -330,6 +336,19 @@ impl Generator {
                     vec![ADDED_RANK, self.shape.hidden],
                 );
                 shard.insert(1.min(shard.len()), Placed { def, version: 0 });
+            }
+            Case::Round(n) => {
+                let order: HashMap<String, usize> = self
+                    .shape
+                    .tensors_in_order()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.name, i))
+                    .collect();
+                for t in shards.iter_mut().flatten() {
+                    let i = order.get(&t.def.name).copied().unwrap_or(0);
+                    t.version = round_version(i, n);
+                }
             }
             Case::LoraMerge => {
                 for t in shards.iter_mut().flatten() {
@@ -525,6 +544,27 @@ fn safetensors_header(tensors: &[Placed]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The content version of tensor `i` (model order) after `round` rounds: how many rounds
+/// `1..=round` rewrote it.
+fn round_version(i: usize, round: u32) -> u32 {
+    (1..=round)
+        .filter(|r| *r as usize % A_STRIDE == i % A_STRIDE)
+        .count() as u32
+}
+
+impl Generator {
+    /// Bytes of the tensors round `round` rewrites (what changed since round `round - 1`).
+    pub fn round_changed_bytes(&self, round: u32) -> u64 {
+        self.shape
+            .tensors_in_order()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| round_version(*i, round) != round_version(*i, round.saturating_sub(1)))
+            .map(|(_, t)| t.bytes)
+            .sum()
+    }
+}
+
 /// FNV-1a of the name, mixed with the version: the seed of a tensor's content.
 fn seed(name: &str, version: u32) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -703,6 +743,24 @@ mod tests {
             (s.hidden, s.intermediate, s.layers, s.vocab),
             (2560, 6912, 25, 32192)
         );
+    }
+
+    #[test]
+    fn each_training_round_rewrites_a_twentieth_of_the_tensors_of_the_one_before() {
+        let g = Generator::new(64 << 20, 4).unwrap();
+        let tensors = g.shape.tensors_in_order().len();
+        for round in 1..=25u32 {
+            let changed = (0..tensors)
+                .filter(|i| round_version(*i, round) != round_version(*i, round - 1))
+                .count();
+            // Every 20th tensor, starting at round % 20.
+            let expected = (0..tensors)
+                .filter(|i| i % A_STRIDE == round as usize % A_STRIDE)
+                .count();
+            assert_eq!(changed, expected, "round {round}");
+            assert!(g.round_changed_bytes(round) > 0);
+        }
+        assert_eq!(g.round_changed_bytes(0), 0);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod cri;
 mod data;
 mod files;
 mod fleet;
+mod follow;
 mod manifests;
 mod mount;
 mod mounted;
@@ -59,6 +60,9 @@ enum Command {
     /// The cache tier: 1, 4 and 16 cold nodes read one volume with and without
     /// `vial serve --upstream`, the origin behind a throttled link.
     Fleet(fleet::FleetArgs),
+    /// A trainer loop publishing a checkpoint every few seconds while `vial pull --follow` and
+    /// `vial mount --follow` nodes follow its tag: switch latency and bytes fetched per round.
+    Follow(follow::FollowArgs),
     /// The file-per-layer client `files` measures (run by the benchmark itself).
     #[command(hide = true)]
     FilesClient(files::ClientArgs),
@@ -167,6 +171,7 @@ fn main() -> Result<()> {
                 Command::Files(args) => files::files(args).await,
                 Command::Scale(args) => scale::scale(args).await,
                 Command::Fleet(args) => fleet::fleet(args).await,
+                Command::Follow(args) => follow::follow(args).await,
                 Command::FilesClient(args) => files::client(args).await,
             }
         };

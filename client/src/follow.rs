@@ -308,6 +308,10 @@ impl FollowDir {
             let text = serde_json::to_vec(&saved).unwrap_or_default();
             std::fs::write(&tree_file, text).map_err(io(&tree_file))?;
             std::fs::rename(&incoming, &dir).map_err(io(&dir))?;
+            let versions = self.root.join("versions");
+            std::fs::File::open(&versions)
+                .and_then(|d| d.sync_all())
+                .map_err(io(&versions))?;
         }
         self.point_current_at(digest)?;
         let mut history = self.history();

@@ -72,10 +72,17 @@ impl SeedIndex {
         let mut index = SeedIndex::default();
         for seed in seeds {
             for e in &seed.tree.entries {
-                let EntryKind::File { mode, chunks, .. } = &e.kind else {
+                let EntryKind::File { mode, chunks, size } = &e.kind else {
                     continue;
                 };
                 let path = seed.dir.join(&e.path);
+                // A file that is not what the tree says (removed, or written to after all) is no
+                // seed: its chunks are fetched instead.
+                let intact =
+                    std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() == *size);
+                if !intact {
+                    continue;
+                }
                 let digests = chunks
                     .iter()
                     .map(|&c| seed.tree.chunks[c as usize].digest.clone())
@@ -590,6 +597,10 @@ fn verify_existing(
 
 /// Writes every wanted chunk a seed holds from the seed's file into its places, and drops it from
 /// `wanted`. Returns what is left to fetch and the bytes copied (counted once per chunk).
+///
+/// Unchanged stretches of a changed file are usually unchanged stretches of the seed's file too:
+/// pieces that follow each other in both are copied as one range, in the kernel
+/// (`copy_file_range(2)` through `std::io::copy`), not chunk by chunk through a buffer.
 fn copy_from_seeds(
     targets: &[FileTarget],
     tree: &Tree,
@@ -599,51 +610,82 @@ fn copy_from_seeds(
     if seeds.chunks.is_empty() {
         return Ok((wanted, 0));
     }
+    // (target file, offset there, length, seed file, offset there), one per place.
+    let mut pieces: Vec<(usize, u64, u64, &Path, u64)> = Vec::new();
     let mut copied = 0;
-    let mut sources: HashMap<PathBuf, File> = HashMap::new();
-    let mut sinks: HashMap<usize, File> = HashMap::new();
-    let mut buf = Vec::new();
-    // In place order, so reads of a seed file and writes of a target run forward.
-    let mut held: Vec<(u32, (PathBuf, u64))> = wanted
+    let held: Vec<u32> = wanted
         .keys()
-        .filter_map(|c| {
-            let at = seeds.chunks.get(&tree.chunks[*c as usize].digest)?;
-            Some((*c, at.clone()))
-        })
+        .copied()
+        .filter(|c| seeds.chunks.contains_key(&tree.chunks[*c as usize].digest))
         .collect();
-    held.sort_by(|a, b| a.1.cmp(&b.1));
-    for (chunk, (path, offset)) in held {
-        let size = tree.chunks[chunk as usize].size as usize;
-        if !sources.contains_key(&path) {
-            let Ok(f) = File::open(&path) else {
-                continue; // A seed file gone since: fetch the chunk instead.
-            };
-            sources.insert(path.clone(), f);
-        }
-        buf.resize(size, 0);
-        if sources[&path].read_exact_at(&mut buf, offset).is_err() {
+    for chunk in held {
+        let c = &tree.chunks[chunk as usize];
+        let Some((path, offset)) = seeds.chunks.get(&c.digest) else {
             continue;
-        }
+        };
         let Some(places) = wanted.remove(&chunk) else {
             continue;
         };
         for (file, at) in places {
-            let t = &targets[file];
-            if let std::collections::hash_map::Entry::Vacant(v) = sinks.entry(file) {
-                v.insert(
-                    OpenOptions::new()
-                        .write(true)
-                        .open(&t.write_to)
-                        .map_err(|e| ClientError::io(&t.write_to, e))?,
-                );
-            }
-            sinks[&file]
-                .write_all_at(&buf, at)
-                .map_err(|e| ClientError::io(&t.write_to, e))?;
+            pieces.push((file, at, c.size, path.as_path(), *offset));
         }
-        copied += size as u64;
+        copied += c.size;
+    }
+    pieces.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let mut ranges: Vec<(usize, u64, u64, &Path, u64)> = Vec::new();
+    for p in pieces {
+        match ranges.last_mut() {
+            Some(r) if r.0 == p.0 && r.1 + r.2 == p.1 && r.3 == p.3 && r.4 + r.2 == p.4 => {
+                r.2 += p.2;
+            }
+            _ => ranges.push(p),
+        }
+    }
+    let mut sources: HashMap<&Path, File> = HashMap::new();
+    let mut sinks: HashMap<usize, File> = HashMap::new();
+    for (file, at, len, path, offset) in ranges {
+        let t = &targets[file];
+        if !sources.contains_key(path) {
+            sources.insert(
+                path,
+                File::open(path).map_err(|e| ClientError::io(path, e))?,
+            );
+        }
+        if let std::collections::hash_map::Entry::Vacant(v) = sinks.entry(file) {
+            v.insert(
+                OpenOptions::new()
+                    .write(true)
+                    .open(&t.write_to)
+                    .map_err(|e| ClientError::io(&t.write_to, e))?,
+            );
+        }
+        copy_range(&sources[path], offset, &sinks[&file], at, len)
+            .map_err(|e| ClientError::io(&t.write_to, e))?;
     }
     Ok((wanted, copied))
+}
+
+/// Copies `len` bytes at `from_offset` of `from` to `to_offset` of `to`; a source shorter than
+/// that (a seed file changed under us) is an error.
+fn copy_range(
+    from: &File,
+    from_offset: u64,
+    to: &File,
+    to_offset: u64,
+    len: u64,
+) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let (mut from, mut to) = (from, to);
+    from.seek(SeekFrom::Start(from_offset))?;
+    to.seek(SeekFrom::Start(to_offset))?;
+    let n = std::io::copy(&mut from.take(len), &mut to)?;
+    if n != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("a seed file ended {} bytes early", len - n),
+        ));
+    }
+    Ok(())
 }
 
 fn matches_digest(bytes: &[u8], digest: &Digest) -> bool {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 
 use super::Registry;
+use crate::ClientError;
 
 /// A cache that serves reads of `origin` (`host[:port]`) at `url` (`http://host:port`,
 /// `https://host`, or a bare `host[:port]` spoken to over HTTPS unless it is a loopback address).
@@ -88,10 +89,35 @@ impl Registry {
             Ok(r) => format!("it answered {}", r.status()),
             Err(e) => vial_core::error_chain(&e),
         };
+        self.pause(&why, origin);
+        None
+    }
+
+    /// Runs a read again, once, if it failed in transit: a body that broke off after its headers
+    /// came (a mirror killed while answering, a connection reset) fails after `send` has returned,
+    /// beyond its retries. The mirror is passed over for the second try.
+    pub(super) async fn again_if_cut_off<T, F, Fut>(&self, read: F) -> Result<T, ClientError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        match read().await {
+            Err(e) if e.is_transient() => {
+                if let Some(mirror) = &self.inner.mirror {
+                    mirror.pause(&vial_core::error_chain(&e), self);
+                }
+                tracing::debug!(error = %vial_core::error_chain(&e), "a read failed in transit; trying again");
+                read().await
+            }
+            other => other,
+        }
+    }
+
+    /// Passes this mirror over for a while: it failed a read of `origin`'s.
+    pub(super) fn pause(&self, why: &str, origin: &Registry) {
         if let Ok(mut p) = self.inner.paused_until.lock() {
             *p = Some(std::time::Instant::now() + MIRROR_PAUSE);
         }
         tracing::warn!(mirror = %self.inner.host, origin = %origin.inner.host, %why, "the mirror did not answer; reading from the origin for the next 30 s");
-        None
     }
 }

@@ -601,6 +601,16 @@ impl Registry {
         digest: &Digest,
         range: Option<(u64, u64)>,
     ) -> Result<Bytes, ClientError> {
+        self.again_if_cut_off(|| self.get_blob_once(repo, digest, range))
+            .await
+    }
+
+    async fn get_blob_once(
+        &self,
+        repo: &RepoName,
+        digest: &Digest,
+        range: Option<(u64, u64)>,
+    ) -> Result<Bytes, ClientError> {
         let url = self.url(&format!("/v2/{repo}/blobs/{digest}"));
         let action = format!("download of {digest}");
         let r = self
@@ -667,6 +677,15 @@ impl Registry {
 
     /// Fetches a manifest by tag or digest. `None` when it does not exist.
     pub async fn get_manifest(
+        &self,
+        repo: &RepoName,
+        target: &Target,
+    ) -> Result<Option<Manifest>, ClientError> {
+        self.again_if_cut_off(|| self.get_manifest_once(repo, target))
+            .await
+    }
+
+    async fn get_manifest_once(
         &self,
         repo: &RepoName,
         target: &Target,

@@ -28,19 +28,30 @@ pub(super) async fn get(
         });
     };
     let length = manifest.content.len();
-    let mut response = if req.method == Method::HEAD {
+    let etag = format!("\"{}\"", manifest.digest);
+    // A poller that already has this manifest (`If-None-Match: "<digest>"`, the ETag it was given)
+    // learns that nothing changed without the bytes: how any client follows a tag over plain OCI.
+    let unchanged = req.header("if-none-match").is_some_and(|h| {
+        h.split(',')
+            .any(|t| t.trim().trim_start_matches("W/") == etag)
+    });
+    let mut response = if unchanged {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else if req.method == Method::HEAD {
         StatusCode::OK.into_response()
     } else {
         (StatusCode::OK, manifest.content).into_response()
     };
-    set_header(&mut response, "content-type", &manifest.media_type);
-    set_header(&mut response, "content-length", &length.to_string());
+    if !unchanged {
+        set_header(&mut response, "content-type", &manifest.media_type);
+        set_header(&mut response, "content-length", &length.to_string());
+    }
     set_header(
         &mut response,
         "docker-content-digest",
         manifest.digest.as_str(),
     );
-    set_header(&mut response, "etag", &format!("\"{}\"", manifest.digest));
+    set_header(&mut response, "etag", &etag);
     Ok(response)
 }
 
