@@ -676,3 +676,52 @@ fn a_follower_of_a_registry_without_the_tag_watch_polls_and_still_switches() {
     assert!(s["bytes_fetched"].as_u64().unwrap() * 10 <= changed * 11);
     assert_same_tree(&f.current(), &v2);
 }
+
+#[test]
+fn a_follower_reading_through_the_cache_tier_hears_moves_at_the_origin() {
+    let origin = Server::start();
+    let data = tempfile::tempdir().unwrap();
+    let cache = Server::start_with(
+        &data.path().join("cache"),
+        &["--upstream".to_owned(), origin.url()],
+        &[],
+    );
+    let home = tempfile::tempdir().unwrap();
+    let (v1, v2) = (home.path().join("v1"), home.path().join("v2"));
+    write_checkpoint(&v1, 0, &[]);
+    write_checkpoint(&v2, 1, FIVE_PERCENT);
+    let reference = format!("{}/weights/cached:prod", origin.addr);
+    let d1 = digest_of(&push(home.path(), &v1, &reference));
+    let mirror = format!("{}=http://{}", origin.addr, cache.addr);
+    let dir = home.path().join("model");
+    let f = Follower::spawn(
+        home.path(),
+        &[
+            "pull",
+            "--follow",
+            &reference,
+            dir.to_str().unwrap(),
+            "--json",
+            "--mirror",
+            &mirror,
+        ],
+        &dir,
+        false,
+    );
+    assert_eq!(f.next_switch()["digest"], d1.as_str());
+    let d2 = digest_of(&push(home.path(), &v2, &reference));
+    assert_eq!(f.next_switch()["digest"], d2.as_str());
+    assert_same_tree(&f.current(), &v2);
+    // The watch went through the cache (which passed it on), not around it.
+    let text = reqwest::blocking::get(format!("{}/metrics", cache.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("vial_http_requests_total")
+                && l.contains("endpoint=\"vial_tag_watch\"")
+                && l.contains("status=\"200\"")),
+        "the cache answered no tag watch:\n{text}"
+    );
+}

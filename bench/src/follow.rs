@@ -216,6 +216,7 @@ pub async fn follow(args: FollowArgs) -> Result<()> {
     std::fs::remove_dir_all(&base)?;
 
     let mut latencies = Vec::new();
+    let mut by_kind: Vec<(bool, f64)> = Vec::new();
     let mut ratios: Vec<(bool, f64)> = Vec::new();
     let mut push_seconds = Vec::new();
     let mut next_start = Instant::now();
@@ -254,8 +255,9 @@ pub async fn follow(args: FollowArgs) -> Result<()> {
         for s in seen.into_iter().flatten() {
             let latency = s.at.saturating_duration_since(pushed).as_secs_f64();
             worst = worst.max(latency);
-            latencies.push(latency);
             let mount = followers[s.follower].0.mount;
+            latencies.push(latency);
+            by_kind.push((mount, latency));
             ratios.push((mount, s.bytes_fetched as f64 / changed as f64));
         }
         println!(
@@ -280,16 +282,43 @@ pub async fn follow(args: FollowArgs) -> Result<()> {
         let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
         (mean, max)
     };
+    let ratio_cell = |(mean, max): (f64, f64), n: usize| {
+        if n == 0 {
+            "-".to_owned()
+        } else {
+            format!("{mean:.3}x ({max:.3}x)")
+        }
+    };
     let (pull_mean, pull_max) = kind_ratios(false);
     let (mount_mean, mount_max) = kind_ratios(true);
     let p50 = percentile(&latencies, 0.5);
     let p99 = percentile(&latencies, 0.99);
+    let kind_latency = |mount: bool| {
+        let mut v: Vec<f64> = by_kind
+            .iter()
+            .filter(|(m, _)| *m == mount)
+            .map(|(_, l)| *l)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            return "-".to_owned();
+        }
+        format!("{:.2} / {:.2} s", percentile(&v, 0.5), percentile(&v, 0.99))
+    };
     report::table(
         "follow: time from the push's end to each follower's switch, and bytes fetched per round",
         &["", "value"],
         &[
             vec!["switch p50".into(), format!("{p50:.2} s")],
             vec!["switch p99".into(), format!("{p99:.2} s")],
+            vec![
+                "pull followers: switch p50 / p99".into(),
+                kind_latency(false),
+            ],
+            vec![
+                "mount followers: switch p50 / p99".into(),
+                kind_latency(true),
+            ],
             vec![
                 "switch max".into(),
                 format!("{:.2} s", latencies.last().copied().unwrap_or(f64::NAN)),
@@ -300,11 +329,11 @@ pub async fn follow(args: FollowArgs) -> Result<()> {
             ],
             vec![
                 "pull followers: fetched / changed, mean (max)".into(),
-                format!("{pull_mean:.3}x ({pull_max:.3}x)"),
+                ratio_cell((pull_mean, pull_max), args.pulls),
             ],
             vec![
                 "mount followers: fetched / changed, mean (max)".into(),
-                format!("{mount_mean:.3}x ({mount_max:.3}x)"),
+                ratio_cell((mount_mean, mount_max), args.mounts),
             ],
         ],
     );
@@ -323,9 +352,11 @@ pub async fn follow(args: FollowArgs) -> Result<()> {
             },
         ],
         &[format!(
-            "the registry, the trainer's push and all {} followers share this machine's {} cores",
+            "the registry, the trainer's push and all {} followers share this machine's {} cores and the disk under {} ({})",
             followers.len(),
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            dir.display(),
+            servers::fs_type(&dir).unwrap_or_else(|| "?".into())
         )],
     );
     for (mut f, target) in followers {
