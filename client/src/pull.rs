@@ -631,7 +631,7 @@ fn copy_from_seeds(
         }
         copied += c.size;
     }
-    pieces.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    pieces.sort_by_key(|p| (p.0, p.1));
     let mut ranges: Vec<(usize, u64, u64, &Path, u64)> = Vec::new();
     for p in pieces {
         match ranges.last_mut() {

@@ -476,7 +476,10 @@ impl Follow {
     }
 }
 
-/// Mounts a following view at `mountpoint`, with `first` as its current version.
+/// Mounts a following view at `mountpoint`, with `first` as its current version. `source` names
+/// the mount (`vial:host/name:tag`, what `findmnt` shows), `first_source` the first version.
+// The arguments of `mount`, and the version's own name: grouping them would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn mount_following(
     runtime: &tokio::runtime::Handle,
     registry: Registry,

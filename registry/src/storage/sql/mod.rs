@@ -261,6 +261,8 @@ async fn touch_all(
 
 /// Records a tag move in its history. On PostgreSQL it also notifies every replica's listener
 /// ([`TAG_MOVES_CHANNEL`]), which the database delivers only if and when the transaction commits.
+// One argument per column of the history row, besides the transaction and its dialect.
+#[allow(clippy::too_many_arguments)]
 async fn record_tag_event(
     tx: &mut Transaction<'_, Any>,
     dialect: Dialect,
