@@ -21,7 +21,7 @@ pub fn write_safetensors(path: &Path, tensors: &[TensorSpec]) {
         offset += len;
     }
     let mut json = serde_json::to_vec(&header).unwrap();
-    while (8 + json.len()) % 8 != 0 {
+    while !(8 + json.len()).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
