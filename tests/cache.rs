@@ -9,7 +9,7 @@ use std::process::Command;
 use crate::support::mount::{fuse_available, Mount};
 use crate::support::oci::{self, pseudo_random};
 use crate::support::proxy::{Fault, Proxy};
-use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
+use crate::support::vial::{assert_same_tree, login, push_json, vial, vial_ok};
 use crate::support::{peer, run, Server};
 
 /// An origin with one volume, a recording proxy in front of it, and a cache of the proxy.
@@ -537,28 +537,6 @@ fn nodes_read_an_origin_reference_through_a_mirror_and_fall_back_when_it_is_gone
     assert!(metric(tier.origin(), "vial_bytes_sent_total") > sent);
 }
 
-/// `vial login HOST -u USER` with the password on stdin, in `home`.
-fn login(home: &Path, host: &str, user: &str, password: &str) {
-    use std::io::Write;
-    let mut child = Command::new(crate::support::vial_bin())
-        .args(["login", host, "-u", user, "--password-stdin"])
-        .env("HOME", home)
-        .env("DOCKER_CONFIG", home.join("docker"))
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(password.as_bytes())
-        .unwrap();
-    assert!(
-        child.wait().unwrap().success(),
-        "vial login {host} -u {user}"
-    );
-}
-
 /// An htpasswd file of `users` (name, password) and a token key, in `dir`; returns the `[auth]`
 /// table's head lines.
 fn auth_table(dir: &Path, users: &[(&str, &str)]) -> String {
@@ -840,6 +818,32 @@ fn herd(
     });
 }
 
+/// The lines of every node's mount log under `root` that speak of its mirror (a node reads from
+/// the origin for a while after its mirror failed a read): why a herd cost the origin more.
+fn mirror_complaints(root: &Path) -> String {
+    let mut lines = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.ends_with("mnt") {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "log") {
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                lines.extend(
+                    text.lines()
+                        .filter(|l| l.contains("mirror"))
+                        .map(str::to_owned),
+                );
+            }
+        }
+    }
+    lines.join("\n")
+}
+
 /// A shard of the herd's volume: four make 512 MiB.
 const SHARD: usize = 128 << 20;
 
@@ -895,7 +899,9 @@ fn a_herd_of_cold_nodes_mounts_through_three_replicas_and_survives_one_dying() {
     let size = 4 * SHARD as u64;
     assert!(
         sent <= size + size / 20,
-        "24 nodes through 3 replicas: the origin sent {sent} bytes for a {size}-byte volume"
+        "24 nodes through 3 replicas: the origin sent {sent} bytes for a {size}-byte volume; \
+         what the nodes said of their mirrors:\n{}",
+        mirror_complaints(tier.home.path())
     );
 
     // A new version, read by 12 more cold nodes; a replica dies while they read.

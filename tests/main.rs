@@ -30,4 +30,5 @@ mod s3;
 mod serve;
 mod skopeo;
 mod sync;
+mod ui;
 mod volumes;

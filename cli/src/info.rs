@@ -1,13 +1,10 @@
 //! Read-only views: `vial versions`, `vial ls`, `vial inspect`, `vial diff`.
 
-use std::collections::{HashMap, HashSet};
-
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 use vial_client::volume;
 use vial_core::volume::{EntryKind, Tree, ANNOTATION_BYTES, ANNOTATION_FILES};
-use vial_core::Digest;
 
 use crate::common::{block_on, count, human_bytes, parse_reference, print_json, RegistryArgs};
 
@@ -250,70 +247,6 @@ pub fn run_inspect(args: InspectArgs) -> anyhow::Result<()> {
     })
 }
 
-/// What changes between two trees, file by file, and what a node holding `a` must fetch for `b`.
-#[derive(Debug, Serialize)]
-pub struct TreeDiff {
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
-    pub changed: Vec<String>,
-    pub bytes_to_fetch: u64,
-    pub chunks_to_fetch: usize,
-}
-
-pub fn diff_trees(a: &Tree, b: &Tree) -> TreeDiff {
-    let key = |t: &Tree| -> HashMap<String, String> {
-        t.entries
-            .iter()
-            .map(|e| {
-                let k = match &e.kind {
-                    EntryKind::File { mode, chunks, .. } => {
-                        let digests: Vec<&str> = chunks
-                            .iter()
-                            .map(|&c| t.chunks[c as usize].digest.as_str())
-                            .collect();
-                        format!("file {mode:o} {}", digests.join(","))
-                    }
-                    EntryKind::Dir { mode } => format!("dir {mode:o}"),
-                    EntryKind::Symlink { target } => format!("symlink {target}"),
-                };
-                (e.path.clone(), k)
-            })
-            .collect()
-    };
-    let (ka, kb) = (key(a), key(b));
-    let mut added: Vec<String> = kb
-        .keys()
-        .filter(|p| !ka.contains_key(*p))
-        .cloned()
-        .collect();
-    let mut removed: Vec<String> = ka
-        .keys()
-        .filter(|p| !kb.contains_key(*p))
-        .cloned()
-        .collect();
-    let mut changed: Vec<String> = kb
-        .iter()
-        .filter(|(p, k)| ka.get(*p).is_some_and(|old| old != *k))
-        .map(|(p, _)| p.clone())
-        .collect();
-    added.sort();
-    removed.sort();
-    changed.sort();
-    let have: HashSet<&Digest> = a.chunks.iter().map(|c| &c.digest).collect();
-    let fetch: Vec<_> = b
-        .chunks
-        .iter()
-        .filter(|c| !have.contains(&c.digest))
-        .collect();
-    TreeDiff {
-        added,
-        removed,
-        changed,
-        bytes_to_fetch: fetch.iter().map(|c| c.size).sum(),
-        chunks_to_fetch: fetch.len(),
-    }
-}
-
 #[allow(clippy::print_stdout)]
 pub fn run_diff(args: DiffArgs) -> anyhow::Result<()> {
     let a = parse_reference(&args.from)?;
@@ -327,7 +260,7 @@ pub fn run_diff(args: DiffArgs) -> anyhow::Result<()> {
         let vb = volume::open(&registry_b, b.repo(), &b.target())
             .await
             .with_context(|| format!("cannot open {b}"))?;
-        let d = diff_trees(&va.tree, &vb.tree);
+        let d = vial_core::volume::diff::diff_trees(&va.tree, &vb.tree);
         if args.json {
             return print_json(&serde_json::json!({
                 "from": a.pinned(va.digest.clone()).to_string(),

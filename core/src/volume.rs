@@ -931,5 +931,7 @@ pub fn tree_from_manifest(bytes: &[u8]) -> Result<Digest, VolumeError> {
         .ok_or_else(|| VolumeError::NotAVolume("tree manifest has no tree layer".into()))
 }
 
+pub mod diff;
+
 #[cfg(test)]
 mod tests;

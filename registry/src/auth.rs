@@ -393,6 +393,18 @@ impl Auth {
         }
     }
 
+    /// Whether the rules let `subject` (anonymous for `None`) do `action` on `repo`, whatever
+    /// tokens it holds: what the web UI checks for each repository it shows.
+    pub fn allows(&self, subject: Option<&str>, repo: &str, action: Action) -> bool {
+        self.allowed(subject.unwrap_or(ANONYMOUS), repo, action)
+    }
+
+    /// Who a token this registry issued names, if it verifies and has not expired (the UI's
+    /// session cookie holds one).
+    pub fn session_subject(&self, token: &str) -> Option<String> {
+        self.verify(token).ok().map(|i| i.subject)
+    }
+
     /// Whether `subject` may pull from every repository (by the rules, since a token names
     /// repositories one by one): the condition for listing the catalog and for linking blobs
     /// across repositories on its behalf.

@@ -41,6 +41,8 @@ pub struct GcReport {
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
 pub struct GcMetrics {
+    /// When the last pass that collected ended (Unix milliseconds), and what it did.
+    last: std::sync::Mutex<Option<(i64, GcReport)>>,
     pub runs: AtomicU64,
     pub blobs: AtomicU64,
     pub bytes: AtomicU64,
@@ -85,6 +87,11 @@ pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, Storag
         m.bytes.fetch_add(report.bytes, Ordering::Relaxed);
     }
     report.seconds = started.elapsed().as_secs_f64();
+    if !dry_run {
+        if let Ok(mut last) = state.gc_metrics.last.lock() {
+            *last = Some((now_millis(), report.clone()));
+        }
+    }
     tracing::info!(
         dry_run,
         manifests_purged = report.manifests_purged,
@@ -191,6 +198,11 @@ pub async fn schedule(state: Arc<AppState>) {
 }
 
 impl GcMetrics {
+    /// The last pass that collected (not a dry run) in this process: when it ended, what it did.
+    pub fn last(&self) -> Option<(i64, GcReport)> {
+        self.last.lock().ok().and_then(|l| l.clone())
+    }
+
     pub fn render(&self, out: &mut String) {
         use crate::metrics::write_counter;
         write_counter(

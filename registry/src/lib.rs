@@ -19,6 +19,7 @@ pub mod route;
 mod seal;
 pub mod storage;
 pub mod sync;
+mod ui;
 mod watch;
 
 use std::future::Future;
@@ -140,6 +141,10 @@ pub fn app(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/_vial/cache/id", get(cache_id))
         .route("/readyz", get(ready_handler))
+        .route("/", get(ui::root))
+        .route("/ui", axum::routing::any(ui::handle))
+        .route("/ui/", axum::routing::any(ui::handle))
+        .route("/ui/{*page}", axum::routing::any(ui::handle))
         .fallback(api::dispatch)
         .with_state(Arc::clone(&state));
     let router = front::layers(router, &state.config.limits);

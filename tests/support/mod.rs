@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod browser;
 pub mod conformance;
 pub mod containerd;
 pub mod cri;

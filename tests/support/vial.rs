@@ -119,3 +119,25 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
         assert!(x.2 == y.2, "content of {} differs", x.0);
     }
 }
+
+/// `vial login HOST -u USER` with the password on stdin, in `home`.
+pub fn login(home: &Path, host: &str, user: &str, password: &str) {
+    use std::io::Write;
+    let mut child = Command::new(vial_bin())
+        .args(["login", host, "-u", user, "--password-stdin"])
+        .env("HOME", home)
+        .env("DOCKER_CONFIG", home.join("docker"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(password.as_bytes())
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "vial login {host} -u {user}"
+    );
+}

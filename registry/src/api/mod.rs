@@ -286,7 +286,7 @@ fn token_realm(state: &AppState, host: Option<&str>) -> String {
 
 /// `host[:port]` with a DNS name, an IPv4 address or a bracketed IPv6 address: nothing that could
 /// end a quoted string or start another parameter.
-fn is_plain_authority(host: &str) -> bool {
+pub(crate) fn is_plain_authority(host: &str) -> bool {
     !host.is_empty()
         && host.len() <= 261
         && host

@@ -374,6 +374,9 @@ pub trait BlobMeta: Send + Sync {
         digests: &[Digest],
     ) -> Result<std::collections::HashMap<Digest, BlobLocation>, StorageError>;
 
+    /// How many blobs the registry holds and their bytes, each counted once.
+    async fn stored_totals(&self) -> Result<(u64, u64), StorageError>;
+
     /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
     async fn blob_location(
         &self,
@@ -722,6 +725,9 @@ pub trait JobMeta: Send + Sync {
     ) -> Result<Job, StorageError>;
 
     async fn job_by_id(&self, id: &str) -> Result<Option<Job>, StorageError>;
+
+    /// The most recently updated jobs of every kind and repository.
+    async fn recent_jobs(&self, limit: u32) -> Result<Vec<Job>, StorageError>;
 
     /// The jobs of a kind in `repo`, newest first.
     async fn list_jobs(

@@ -179,6 +179,16 @@ impl JobMeta for SqlMetadataStore {
         row.as_ref().map(job_from_row).transpose()
     }
 
+    async fn recent_jobs(&self, limit: u32) -> Result<Vec<Job>, StorageError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs ORDER BY updated_at DESC, id LIMIT $1"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
     async fn list_jobs(
         &self,
         kind: &str,

@@ -1,0 +1,202 @@
+//! Sync and seal jobs with their progress, and what storage holds against what versions reference.
+
+use maud::{html, Markup};
+use vial_core::volume::{ANNOTATION_BYTES, VOLUME_ARTIFACT_TYPE};
+use vial_core::RepoName;
+
+use super::layout::{self, bytes, short, time};
+use super::{repo_url, Viewer};
+use crate::error::ApiError;
+use crate::seal::SEAL_JOB;
+use crate::storage::{Job, JobState};
+use crate::sync::SYNC_JOB;
+use crate::AppState;
+
+/// Jobs listed on the jobs page, and per repository.
+const JOBS_SHOWN: u32 = 100;
+/// How often a page with a job in progress reloads itself.
+const REFRESH_SECONDS: u32 = 2;
+
+/// How far a job has come, from its progress record: `files-done/files-total, bytes`.
+fn progress(job: &Job) -> String {
+    let Some(p) = job
+        .progress
+        .as_deref()
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+    else {
+        return String::new();
+    };
+    let n = |k: &str| p.get(k).and_then(|v| v.as_u64());
+    match (
+        n("files-done"),
+        n("files-total"),
+        n("bytes-done"),
+        n("bytes-total"),
+    ) {
+        (Some(fd), Some(ft), Some(bd), Some(bt)) => format!(
+            "{fd}/{ft} files, {} of {}{}",
+            bytes(bd),
+            bytes(bt),
+            if bt > 0 {
+                format!(" ({:.0}%)", 100.0 * bd as f64 / bt as f64)
+            } else {
+                String::new()
+            }
+        ),
+        _ => String::new(),
+    }
+}
+
+fn state_class(state: JobState) -> &'static str {
+    match state {
+        JobState::Done => "added",
+        JobState::Failed => "removed",
+        _ => "changed",
+    }
+}
+
+fn jobs_table(jobs: &[Job], with_repository: bool) -> Markup {
+    html! {
+        div.scroll { table {
+            tr {
+                th { "Kind" } @if with_repository { th { "Repository" } } th { "What" } th { "State" }
+                th { "Progress" } th.wide { "Updated" } th { "Result" }
+            }
+            @for j in jobs {
+                tr {
+                    td { (j.kind) }
+                    @if with_repository { td { a href=(repo_url(&j.repository, "")) { (j.repository) } } }
+                    td.mono { (if j.kind == SEAL_JOB { short(&j.target) } else { j.target.clone() }) }
+                    td class=(state_class(j.state)) { (j.state.as_str()) }
+                    td { (progress(j)) }
+                    td.wide { (time(j.updated_at)) }
+                    td {
+                        @if let Some(r) = &j.result {
+                            a.mono href=(repo_url(&j.repository, &format!("v/{r}"))) { (short(r)) }
+                        }
+                        @if let Some(e) = &j.error { span.error { (e) } }
+                    }
+                }
+            }
+        } }
+    }
+}
+
+fn running(jobs: &[Job]) -> bool {
+    jobs.iter()
+        .any(|j| matches!(j.state, JobState::Queued | JobState::Running))
+}
+
+/// The jobs of one repository, for its page.
+pub(super) async fn repository_jobs(state: &AppState, repo: &RepoName) -> Result<Markup, ApiError> {
+    let mut jobs = state.meta.list_jobs(SYNC_JOB, repo, JOBS_SHOWN).await?;
+    jobs.extend(state.meta.list_jobs(SEAL_JOB, repo, JOBS_SHOWN).await?);
+    jobs.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
+    Ok(html! {
+        @if !jobs.is_empty() {
+            h2 { "Jobs" }
+            (jobs_table(&jobs, false))
+            @if running(&jobs) { p.muted { "In progress: " a href="/ui/jobs" { "follow it live" } "." } }
+        }
+    })
+}
+
+/// `/ui/jobs`: recent sync and seal jobs of the repositories the viewer may see; the page reloads
+/// itself while one is in progress.
+pub(super) async fn jobs(state: &AppState, viewer: &Viewer) -> Result<Markup, ApiError> {
+    let jobs: Vec<Job> = state
+        .meta
+        .recent_jobs(JOBS_SHOWN * 4)
+        .await?
+        .into_iter()
+        .filter(|j| state.ui_may_pull(viewer, j.repository.as_str()))
+        .take(JOBS_SHOWN as usize)
+        .collect();
+    let live = running(&jobs);
+    let body = html! {
+        h1 { "Jobs" }
+        @if jobs.is_empty() { p.muted { "No sync or seal jobs to show." } }
+        @else {
+            @if live { p.muted { "Jobs are running: this page refreshes every " (REFRESH_SECONDS) " s." } }
+            (jobs_table(&jobs, true))
+        }
+    };
+    Ok(layout::page(
+        "Jobs",
+        viewer,
+        live.then_some(REFRESH_SECONDS),
+        body,
+    ))
+}
+
+/// `/ui/storage`: distinct bytes stored against the bytes every live version's files add up to,
+/// and the garbage collector's last pass. Registry-wide figures: shown only to a viewer who may
+/// pull from every repository.
+pub(super) async fn storage(state: &AppState, viewer: &Viewer) -> Result<Markup, ApiError> {
+    if !state.ui_sees_everything(viewer) {
+        let body = html! {
+            h1 { "Storage" }
+            p.muted { "Registry-wide figures are shown to those who may pull from every repository." }
+        };
+        return Ok(layout::page("Storage", viewer, None, body));
+    }
+    let (blob_count, stored) = state.meta.stored_totals().await?;
+    let (mut versions, mut referenced) = (0u64, 0u64);
+    let mut last: Option<String> = None;
+    loop {
+        let page = state.meta.list_repositories(last.as_deref(), 1000).await?;
+        last = page.items.last().cloned();
+        for name in &page.items {
+            let Ok(repo) = RepoName::parse(name) else {
+                continue;
+            };
+            for v in state
+                .meta
+                .list_versions(&repo, VOLUME_ARTIFACT_TYPE, false)
+                .await?
+                .unwrap_or_default()
+            {
+                versions += 1;
+                referenced += v
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_BYTES))
+                    .and_then(|b| b.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        if !page.more {
+            break;
+        }
+    }
+    let last_gc = state.gc_metrics.last();
+    let body = html! {
+        h1 { "Storage" }
+        div.panel.stats {
+            div { "Distinct blob bytes stored" b { (bytes(stored)) } }
+            div { "Blobs" b { (blob_count) } }
+            div { "Files of every live version" b { (bytes(referenced)) } }
+            div { "Live versions" b { (versions) } }
+            div { "Dedup ratio" b { @if stored > 0 { (format!("{:.2}×", referenced as f64 / stored as f64)) } @else { "–" } } }
+        }
+        p.muted {
+            "Blobs are counted once however many versions and repositories use them. Deleted "
+            "versions still restorable keep their blobs until their window passes; garbage "
+            "collection then reclaims what nothing references."
+        }
+        h2 { "Garbage collection" }
+        @match last_gc {
+            Some((at, report)) => {
+                div.panel.stats {
+                    div { "Last pass" b { (time(at)) } }
+                    div { "Blobs reclaimed" b { (report.blobs) } }
+                    div { "Bytes reclaimed" b { (bytes(report.bytes)) } }
+                    div { "Versions purged" b { (report.manifests_purged) } }
+                    div { "Took" b { (format!("{:.2} s", report.seconds)) } }
+                }
+            }
+            None => p.muted { "No pass has run since this server started (every " (humantime::format_duration(state.config.gc_interval)) ")." },
+        }
+    };
+    Ok(layout::page("Storage", viewer, None, body))
+}

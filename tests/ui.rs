@@ -1,0 +1,351 @@
+//! The web UI, as Debian's headless Chromium renders it: what was pushed, copied and tagged shows
+//! on its pages, down to the tensors a new version changed; a private repository never shows up
+//! for a visitor who may not pull it, and does once its user signs in.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::browser::Browser;
+use crate::support::model::{bert_like, write_safetensors, TensorSpec};
+use crate::support::oci::pseudo_random;
+use crate::support::vial::{login, push_json, vial_ok};
+use crate::support::{push_blob, push_manifest, Server};
+
+/// A two-shard safetensors checkpoint; tensors named in `rewritten` get new bytes.
+fn checkpoint(dir: &Path, generation: u64, rewritten: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for shard in 0..2u64 {
+        let specs: Vec<TensorSpec> = bert_like(2, 10 * shard + 1)
+            .into_iter()
+            .map(|(name, elements, seed)| {
+                let name = format!("s{shard}.{name}");
+                let seed = if rewritten.contains(&name.as_str()) {
+                    seed + 1_000_000 * generation
+                } else {
+                    seed
+                };
+                (name, elements, seed)
+            })
+            .collect();
+        write_safetensors(&dir.join(format!("model-{shard}.safetensors")), &specs);
+    }
+    std::fs::write(
+        dir.join("config.json"),
+        format!("{{\"generation\": {generation}}}"),
+    )
+    .unwrap();
+}
+
+/// Where screenshots go: `VIAL_UI_SCREENSHOTS` (docs/ui.md's pictures come from there), or a
+/// temporary directory that goes with the test.
+fn screenshots() -> (PathBuf, Option<tempfile::TempDir>) {
+    match std::env::var_os("VIAL_UI_SCREENSHOTS") {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).unwrap();
+            (PathBuf::from(dir), None)
+        }
+        None => {
+            let t = tempfile::tempdir().unwrap();
+            (t.path().to_owned(), Some(t))
+        }
+    }
+}
+
+#[test]
+fn the_pages_show_what_was_pushed_copied_and_tagged_down_to_the_changed_tensors() {
+    let Some(mut browser) = Browser::start() else {
+        return;
+    };
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let (v1, v2) = (home.path().join("v1"), home.path().join("v2"));
+    checkpoint(&v1, 0, &[]);
+    checkpoint(&v2, 1, &["s1.layer.1.ffn.weight"]);
+    let repo = format!("{}/weights/model", server.addr);
+    let p1 = push_json(home.path(), &v1, &repo, &["--tag", "candidate"]);
+    let p2 = push_json(home.path(), &v2, &repo, &["--tag", "candidate"]);
+    let (d1, d2) = (
+        p1["digest"].as_str().unwrap().to_owned(),
+        p2["digest"].as_str().unwrap().to_owned(),
+    );
+    // A tag move and a copy, as a release would do them.
+    vial_ok(
+        home.path(),
+        &["tag", "set", &format!("{repo}@{d1}"), "prod"],
+    );
+    vial_ok(
+        home.path(),
+        &[
+            "copy",
+            &format!("{repo}:candidate"),
+            &format!("{}/weights/copied:v2", server.addr),
+        ],
+    );
+    // An ordinary image beside the volumes.
+    let client = reqwest::blocking::Client::new();
+    let layer = push_blob(
+        &client,
+        &server.url(),
+        "images/app",
+        &pseudo_random(4096, 9),
+    );
+    let (image_digest, _) = push_manifest(
+        &client,
+        &server.url(),
+        "images/app",
+        "1.0",
+        &[(layer.clone(), 4096)],
+    );
+    let base = server.url();
+    let (shots, _keep) = screenshots();
+
+    // `/` leads to the UI.
+    let r = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(&base)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/ui/");
+
+    let home_page = browser.open(&format!("{base}/ui/"));
+    for name in ["weights/model", "weights/copied", "images/app"] {
+        assert!(
+            home_page.contains(name),
+            "{name} missing from the home page"
+        );
+    }
+    browser.screenshot(&shots.join("home.png"));
+    let searched = browser.open(&format!("{base}/ui/?q=copied"));
+    assert!(searched.contains("weights/copied") && !searched.contains("weights/model"));
+
+    // The volume: both versions with their sizes and tags, the pinned reference to copy.
+    browser.open(&format!("{base}/ui/r/weights/model"));
+    let text = browser.text();
+    assert!(
+        text.contains(&d1[..19]) && text.contains(&d2[..19]),
+        "{text}"
+    );
+    assert!(
+        text.contains("prod") && text.contains("candidate"),
+        "{text}"
+    );
+    assert!(browser
+        .html()
+        .contains(&format!("{}/weights/model@{d2}", server.addr)));
+    let size = p2["bytes"].as_u64().unwrap();
+    assert!(
+        text.contains(&format!("{:.1} MiB", size as f64 / (1 << 20) as f64)),
+        "{text}"
+    );
+    browser.screenshot(&shots.join("volume.png"));
+
+    // A version: its files and sizes, and what it shares with the one before.
+    browser.open(&format!("{base}/ui/r/weights/model/-/v/{d2}"));
+    let text = browser.text();
+    for f in ["model-0.safetensors", "model-1.safetensors", "config.json"] {
+        assert!(text.contains(f), "{f} missing: {text}");
+    }
+    assert!(text.contains("Shared with the version before"), "{text}");
+    browser.screenshot(&shots.join("version.png"));
+
+    // The comparison names the rewritten tensor and only the files that changed.
+    browser.open(&format!(
+        "{base}/ui/r/weights/model/-/compare?a={d1}&b={d2}"
+    ));
+    let text = browser.text();
+    assert!(text.contains("s1.layer.1.ffn.weight"), "{text}");
+    assert!(
+        !text.contains("s0.layer.1.ffn.weight"),
+        "an unchanged tensor listed: {text}"
+    );
+    assert!(text.contains("model-1.safetensors") && text.contains("config.json"));
+    browser.screenshot(&shots.join("compare.png"));
+
+    // The tag's history: pushed to v2's predecessor, then moved.
+    browser.open(&format!("{base}/ui/r/weights/model/-/tags/candidate"));
+    let text = browser.text();
+    assert!(text.matches("push").count() >= 2, "{text}");
+    browser.open(&format!("{base}/ui/r/weights/model/-/tags/prod"));
+    assert!(browser.text().contains(&d1[..19]));
+
+    // The copy is its own repository with the same version; the image shows its layers.
+    assert!(browser
+        .open(&format!("{base}/ui/r/weights/copied"))
+        .contains(&d2[..19]));
+    browser.open(&format!("{base}/ui/r/images/app"));
+    assert!(browser.text().contains("1.0"));
+    browser.open(&format!("{base}/ui/r/images/app/-/v/{image_digest}"));
+    let text = browser.text();
+    assert!(
+        text.contains("application/octet-stream") && text.contains(&layer.as_str()[..19]),
+        "{text}"
+    );
+
+    // Storage counts every live version and shows the dedup the copy brought.
+    browser.open(&format!("{base}/ui/storage"));
+    let text = browser.text();
+    assert!(
+        text.contains("Live versions") && text.contains("Dedup ratio"),
+        "{text}"
+    );
+    browser.screenshot(&shots.join("storage.png"));
+
+    // Phone width, dark mode: the same page, laid out for it.
+    browser.emulate(390, 844, true);
+    browser.open(&format!("{base}/ui/r/weights/model"));
+    browser.screenshot(&shots.join("volume-phone-dark.png"));
+    let overflow = browser.eval("document.documentElement.scrollWidth <= window.innerWidth");
+    assert_eq!(overflow, true, "the volume page is wider than a phone");
+}
+
+const ALICE: (&str, &str) = ("alice", "alice-ui-pw");
+
+/// Anonymous may pull `public/*`; alice may do anything anywhere.
+fn auth_config(dir: &Path) -> PathBuf {
+    let key = dir.join("token.key");
+    std::fs::write(&key, pseudo_random(32, 3)).unwrap();
+    let path = dir.join("vial.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[auth]
+token-key-file = "{key}"
+
+[[auth.users]]
+name = "alice"
+password-hash = "{hash}"
+
+[[auth.rules]]
+repositories = "*"
+users = ["alice"]
+actions = ["pull", "push", "delete"]
+
+[[auth.rules]]
+repositories = "public/*"
+users = ["anonymous", "*"]
+actions = ["pull"]
+"#,
+            key = key.display(),
+            hash = bcrypt::hash(ALICE.1, 4).unwrap(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn a_private_repository_is_invisible_to_anonymous_visitors_and_visible_once_signed_in() {
+    let Some(mut browser) = Browser::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = auth_config(dir.path());
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    login(&home, &server.addr, ALICE.0, ALICE.1);
+    let src = home.join("src");
+    checkpoint(&src, 0, &[]);
+    push_json(
+        &home,
+        &src,
+        &format!("{}/public/open", server.addr),
+        &["--tag", "v1"],
+    );
+    let secret = push_json(
+        &home,
+        &src,
+        &format!("{}/private/secret-model", server.addr),
+        &["--tag", "v1"],
+    );
+    let secret_digest = secret["digest"].as_str().unwrap().to_owned();
+    let base = server.url();
+
+    // Anonymous: the public volume, and no trace of the private one anywhere.
+    let anonymous_pages = [
+        "/ui/".to_owned(),
+        "/ui/?q=secret".to_owned(),
+        "/ui/?q=private".to_owned(),
+        "/ui/jobs".to_owned(),
+        "/ui/storage".to_owned(),
+        "/ui/r/private/secret-model".to_owned(),
+        format!("/ui/r/private/secret-model/-/v/{secret_digest}"),
+        "/ui/r/private/secret-model/-/tags/v1".to_owned(),
+        format!("/ui/r/private/secret-model/-/compare?a={secret_digest}&b={secret_digest}"),
+    ];
+    let home_page = browser.open(&format!("{base}/ui/"));
+    assert!(home_page.contains("public/open"));
+    for page in &anonymous_pages {
+        let html = browser.open(&format!("{base}{page}"));
+        assert!(
+            !html.contains("secret-model"),
+            "{page} shows the private repository to an anonymous visitor"
+        );
+        assert!(
+            !html.contains(&secret_digest[7..]),
+            "{page} shows the private digest"
+        );
+    }
+    // The private repository's own pages answer as if it did not exist.
+    let r = reqwest::blocking::get(format!("{base}/ui/r/private/secret-model")).unwrap();
+    assert_eq!(r.status(), 404);
+    let missing = reqwest::blocking::get(format!("{base}/ui/r/private/no-such-thing")).unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(r.text().unwrap(), missing.text().unwrap());
+
+    // A wrong password is refused on the form; the right one signs in.
+    browser.sign_in(&base, ALICE.0, "wrong");
+    assert!(browser.text().contains("Wrong user name or password"));
+    browser.sign_in(&base, ALICE.0, ALICE.1);
+    let text = browser.text();
+    assert!(text.contains("signed in as alice"), "{text}");
+    assert!(
+        text.contains("private/secret-model") && text.contains("public/open"),
+        "{text}"
+    );
+    browser.open(&format!(
+        "{base}/ui/r/private/secret-model/-/v/{secret_digest}"
+    ));
+    assert!(browser.text().contains("model-0.safetensors"));
+    assert!(
+        browser
+            .eval("document.cookie")
+            .as_str()
+            .unwrap_or("")
+            .is_empty(),
+        "the session cookie is readable from scripts"
+    );
+
+    // The cookie, as the server sets it.
+    let r = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{base}/ui/login"))
+        .form(&[("username", ALICE.0), ("password", ALICE.1)])
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(cookie.starts_with("vial_session="), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains("Secure"),
+        "Secure is for TLS: this registry serves plain HTTP"
+    );
+
+    // Signing out drops the session: the private repository is gone again.
+    browser.eval("document.querySelector('header form').submit(); true");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let html = browser.open(&format!("{base}/ui/"));
+    assert!(!html.contains("secret-model"));
+}
