@@ -537,6 +537,38 @@ fn nodes_read_an_origin_reference_through_a_mirror_and_fall_back_when_it_is_gone
     assert!(metric(tier.origin(), "vial_bytes_sent_total") > sent);
 }
 
+#[test]
+fn a_busy_mirror_is_asked_again_before_the_origin() {
+    let tier = Tier::start(&["--tag-ttl", "10m"]);
+    let origin = tier.origin().addr.clone();
+    let pull = |through: &str, into: &str| {
+        let dir = tier.home.path().join(into);
+        vial_ok(
+            tier.home.path(),
+            &[
+                "pull",
+                &format!("{origin}/{}", tier.pinned),
+                dir.to_str().unwrap(),
+                "--mirror",
+                &format!("{origin}=http://{through}"),
+            ],
+        );
+        assert_same_tree(&tier.src, &dir);
+    };
+    pull(&tier.cache().addr, "warm");
+    let sent = metric(tier.origin(), "vial_bytes_sent_total");
+    // The cache answers 503 to a node's first two blob reads, then serves them.
+    let busy = Proxy::start(&tier.cache().addr);
+    busy.set(Fault::Unavailable(2));
+    pull(&busy.addr, "through-busy");
+    assert_eq!(busy.fault(), Fault::Unavailable(0), "both 503s were sent");
+    assert_eq!(
+        metric(tier.origin(), "vial_bytes_sent_total"),
+        sent,
+        "the node asked its busy cache again instead of reading from the origin"
+    );
+}
+
 /// An htpasswd file of `users` (name, password) and a token key, in `dir`; returns the `[auth]`
 /// table's head lines.
 fn auth_table(dir: &Path, users: &[(&str, &str)]) -> String {

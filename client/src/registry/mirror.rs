@@ -36,6 +36,14 @@ impl std::str::FromStr for Mirror {
 /// How long a mirror that failed is passed over before it is tried again.
 const MIRROR_PAUSE: Duration = Duration::from_secs(30);
 
+/// How many times a busy mirror is asked for one read before it is passed over.
+const MIRROR_ATTEMPTS: u32 = 4;
+
+/// An answer that says "not now" rather than "no".
+fn busy(status: StatusCode) -> bool {
+    status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS
+}
+
 impl Registry {
     /// Sends a read that `origin` was asked for to this mirror instead. `None` when it is not a
     /// read, or the mirror failed it (then it is passed over for a while).
@@ -79,15 +87,24 @@ impl Registry {
                 Err(_) => build(c),
             }
         };
-        let why = match self.send_once(scope, &rewrite).await {
-            Ok(r)
-                if !(r.status().is_server_error()
-                    || r.status() == StatusCode::TOO_MANY_REQUESTS) =>
-            {
-                return Some(r)
+        // A mirror that answers but is busy (429, or a 5xx while its own upstream was briefly
+        // unavailable) is asked again before it is passed over: reading from the origin instead
+        // costs the origin what the mirror is there to spare it. One that does not answer at all
+        // is passed over at once.
+        let mut delay = Duration::from_millis(200);
+        let mut attempt = 1;
+        let why = loop {
+            match self.send_once(scope, &rewrite).await {
+                Ok(r) if !busy(r.status()) => return Some(r),
+                Ok(r) if attempt < MIRROR_ATTEMPTS => {
+                    tracing::debug!(mirror = %self.inner.host, status = %r.status(), attempt, "the mirror is busy; asking it again");
+                }
+                Ok(r) => break format!("it answered {} {attempt} times", r.status()),
+                Err(e) => break vial_core::error_chain(&e),
             }
-            Ok(r) => format!("it answered {}", r.status()),
-            Err(e) => vial_core::error_chain(&e),
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+            attempt += 1;
         };
         self.pause(&why, origin);
         None
