@@ -139,6 +139,7 @@ fn the_pages_show_what_was_pushed_copied_and_tagged_down_to_the_changed_tensors(
         text.contains(&format!("{:.1} MiB", size as f64 / (1 << 20) as f64)),
         "{text}"
     );
+    assert!(text.contains("Versions (2)"), "{text}");
     browser.screenshot(&shots.join("volume.png"));
 
     // A version: its files and sizes, and what it shares with the one before.
@@ -189,6 +190,15 @@ fn the_pages_show_what_was_pushed_copied_and_tagged_down_to_the_changed_tensors(
     assert!(
         text.contains("Live versions") && text.contains("Dedup ratio"),
         "{text}"
+    );
+    // Both versions of the volume and the copy's one, with their files' bytes.
+    let html = browser.html();
+    assert!(html.contains("Live versions<b>3</b>"), "{html}");
+    let referenced = p1["bytes"].as_u64().unwrap() + 2 * size;
+    let shown = format!("{:.1} MiB", referenced as f64 / (1 << 20) as f64);
+    assert!(
+        html.contains(&format!("Files of every live version<b>{shown}</b>")),
+        "{shown} missing: {html}"
     );
     browser.screenshot(&shots.join("storage.png"));
 

@@ -24,6 +24,7 @@ mod rss;
 mod run;
 mod scale;
 mod servers;
+mod ui;
 
 use std::path::PathBuf;
 
@@ -63,6 +64,8 @@ enum Command {
     /// A trainer loop publishing a checkpoint every few seconds while `vial pull --follow` and
     /// `vial mount --follow` nodes follow its tag: switch latency and bytes fetched per round.
     Follow(follow::FollowArgs),
+    /// The web UI: each page's server time with 10,000 versions in one volume.
+    Ui(ui::UiArgs),
     /// The file-per-layer client `files` measures (run by the benchmark itself).
     #[command(hide = true)]
     FilesClient(files::ClientArgs),
@@ -172,6 +175,7 @@ fn main() -> Result<()> {
                 Command::Scale(args) => scale::scale(args).await,
                 Command::Fleet(args) => fleet::fleet(args).await,
                 Command::Follow(args) => follow::follow(args).await,
+                Command::Ui(args) => ui::ui(args).await,
                 Command::FilesClient(args) => files::client(args).await,
             }
         };

@@ -91,12 +91,13 @@ pub async fn ui(args: UiArgs) -> Result<()> {
                 if !r.status().is_success() {
                     bail!("version {i}: {}", r.status());
                 }
-                Ok::<_, anyhow::Error>(r
-                    .headers()
-                    .get("docker-content-digest")
-                    .and_then(|d| d.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned())
+                Ok::<_, anyhow::Error>(
+                    r.headers()
+                        .get("docker-content-digest")
+                        .and_then(|d| d.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
             }
         })
         .buffer_unordered(8)
@@ -108,7 +109,10 @@ pub async fn ui(args: UiArgs) -> Result<()> {
         args.versions + 1,
         started.elapsed().as_secs_f64()
     );
-    let some = digests.get(digests.len() / 2).cloned().unwrap_or(first.clone());
+    let some = digests
+        .get(digests.len() / 2)
+        .cloned()
+        .unwrap_or(first.clone());
     let pages = [
         ("volumes", "/ui/".to_owned()),
         ("a volume, first page", "/ui/r/weights/many".to_owned()),
@@ -121,7 +125,10 @@ pub async fn ui(args: UiArgs) -> Result<()> {
             "compare two versions",
             format!("/ui/r/weights/many/-/compare?a={first}&b={some}"),
         ),
-        ("a tag's history", "/ui/r/weights/many/-/tags/base".to_owned()),
+        (
+            "a tag's history",
+            "/ui/r/weights/many/-/tags/base".to_owned(),
+        ),
         ("jobs", "/ui/jobs".to_owned()),
         ("storage", "/ui/storage".to_owned()),
     ];

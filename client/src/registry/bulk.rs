@@ -40,8 +40,10 @@ impl Registry {
         let length = list.len() as u64 + parts.iter().map(|p| p.len() as u64).sum::<u64>();
         let url = self.url(&format!("/v2/{repo}/_vial/packs"));
         let action = format!("upload of a pack of {} chunks", chunks.len());
+        let scope = Self::scope(repo, true);
+        self.sign_in_before_body(&scope).await?;
         let r = self
-            .send(&Self::scope(repo, true), &action, |c| {
+            .send(&scope, &action, |c| {
                 let body: Vec<Bytes> = std::iter::once(list.clone())
                     .chain(parts.iter().cloned())
                     .collect();
@@ -64,6 +66,27 @@ impl Registry {
             }
             _ => Err(self.error(r, &action).await),
         }
+    }
+
+    /// Makes sure a request about to carry a large body goes with credentials. A registry that
+    /// lets anonymous clients read a repository answers the existence checks before a push
+    /// without a challenge, so no token is held yet; a pack sent without one is refused with 401
+    /// before it is read, and the connection closes under the body (a broken pipe, not a
+    /// challenge to answer). Asking the API root, which wants a signed-in client, gets the token.
+    async fn sign_in_before_body(&self, scope: &str) -> Result<(), ClientError> {
+        let signed_in = self.inner.basic.load(Ordering::Relaxed) == 1
+            || self
+                .inner
+                .tokens
+                .lock()
+                .is_ok_and(|t| t.contains_key(scope));
+        if self.inner.credentials.is_none() || signed_in {
+            return Ok(());
+        }
+        let url = self.url("/v2/");
+        self.send_once(scope, &|c: &reqwest::Client| c.get(&url))
+            .await
+            .map(drop)
     }
 
     /// The bytes of `digests`, end to end in that order, in one response. `Ok(None)` when the

@@ -13,7 +13,7 @@ use vial_core::{Digest, RepoName};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::seal::SEAL_JOB;
-use crate::storage::{Job, JobState, Presence};
+use crate::storage::{Job, JobState, Presence, Window};
 use crate::AppState;
 
 /// Most digests one existence check may ask about.
@@ -125,7 +125,7 @@ pub(super) async fn versions(
     let retention = state.config.retention_for(repo.as_str()).as_millis() as i64;
     let rows = state
         .meta
-        .list_versions(repo, VOLUME_ARTIFACT_TYPE, deleted)
+        .list_versions(repo, VOLUME_ARTIFACT_TYPE, deleted, Window::ALL)
         .await?
         .ok_or_else(|| {
             ApiError::not_found(

@@ -89,6 +89,28 @@ pub struct VersionRow {
     pub deleted_by: Option<String>,
 }
 
+/// A stretch of a listing: `limit` rows after the first `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub offset: u64,
+    pub limit: u32,
+}
+
+impl Window {
+    /// Every row.
+    pub const ALL: Window = Window {
+        offset: 0,
+        limit: u32::MAX,
+    };
+}
+
+/// Live versions counted: how many, and the bytes of their files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VersionTotals {
+    pub versions: u64,
+    pub bytes: u64,
+}
+
 /// What a restore did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Restored {
@@ -590,7 +612,29 @@ pub trait ManifestMeta: Send + Sync {
         repo: &RepoName,
         artifact_type: &str,
         deleted: bool,
+        window: Window,
     ) -> Result<Option<Vec<VersionRow>>, StorageError>;
+
+    /// How many live manifests of `artifact_type` `repo` holds (every repository's, for `None`),
+    /// and the sum of their [`vial_core::volume::ANNOTATION_BYTES`] annotations: one indexed
+    /// count, not a listing.
+    async fn version_totals(
+        &self,
+        repo: Option<&RepoName>,
+        artifact_type: &str,
+    ) -> Result<VersionTotals, StorageError>;
+
+    /// The live manifest of `artifact_type` listed right after `digest` in [`list_versions`]'s
+    /// order (the version pushed before it), with `digest`'s own creation time; `None` when
+    /// `digest` is not a live one.
+    ///
+    /// [`list_versions`]: ManifestMeta::list_versions
+    async fn version_before(
+        &self,
+        repo: &RepoName,
+        artifact_type: &str,
+        digest: &Digest,
+    ) -> Result<Option<(i64, Option<Digest>)>, StorageError>;
 
     /// Repository names in lexical order after `last`.
     async fn list_repositories(&self, last: Option<&str>, limit: u32)

@@ -18,7 +18,7 @@ pub use metadata::{
     GcMeta, Job, JobFile, JobMeta, JobOutcome, JobState, Lease, LeaseMeta, ManifestMeta,
     ManifestRecord, MetadataStore, PackedChunk, Page, Presence, RangeChunk, Restored, Source,
     StoredCheck, StoredManifest, TagEvent, TagMeta, TagMoved, TagPrecondition, UploadMeta,
-    UploadSession, VersionRow,
+    UploadSession, VersionRow, VersionTotals, Window,
 };
 pub use s3::S3BlobStore;
 pub use sql::{Dialect, SqlMetadataStore};

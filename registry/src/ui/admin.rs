@@ -1,7 +1,7 @@
 //! Sync and seal jobs with their progress, and what storage holds against what versions reference.
 
 use maud::{html, Markup};
-use vial_core::volume::{ANNOTATION_BYTES, VOLUME_ARTIFACT_TYPE};
+use vial_core::volume::VOLUME_ARTIFACT_TYPE;
 use vial_core::RepoName;
 
 use super::layout::{self, bytes, short, time};
@@ -141,34 +141,11 @@ pub(super) async fn storage(state: &AppState, viewer: &Viewer) -> Result<Markup,
         return Ok(layout::page("Storage", viewer, None, body));
     }
     let (blob_count, stored) = state.meta.stored_totals().await?;
-    let (mut versions, mut referenced) = (0u64, 0u64);
-    let mut last: Option<String> = None;
-    loop {
-        let page = state.meta.list_repositories(last.as_deref(), 1000).await?;
-        last = page.items.last().cloned();
-        for name in &page.items {
-            let Ok(repo) = RepoName::parse(name) else {
-                continue;
-            };
-            for v in state
-                .meta
-                .list_versions(&repo, VOLUME_ARTIFACT_TYPE, false)
-                .await?
-                .unwrap_or_default()
-            {
-                versions += 1;
-                referenced += v
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ANNOTATION_BYTES))
-                    .and_then(|b| b.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-        if !page.more {
-            break;
-        }
-    }
+    let live = state
+        .meta
+        .version_totals(None, VOLUME_ARTIFACT_TYPE)
+        .await?;
+    let (versions, referenced) = (live.versions, live.bytes);
     let last_gc = state.gc_metrics.last();
     let body = html! {
         h1 { "Storage" }

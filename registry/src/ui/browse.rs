@@ -10,12 +10,23 @@ use vial_core::{RepoName, Tag};
 use super::layout::{self, bytes, copyable, short, time};
 use super::{page_number, query_param, repo_url, visible, Viewer};
 use crate::error::{ApiError, ErrorCode};
+use crate::storage::Window;
 use crate::AppState;
 
 /// Repositories on one page of the home page.
 const REPOS_PER_PAGE: usize = 100;
 /// Versions on one page of a repository.
 const VERSIONS_PER_PAGE: usize = 50;
+/// The newest versions the compare form offers.
+const COMPARE_CHOICES: Window = Window {
+    offset: 0,
+    limit: 500,
+};
+/// The most recently deleted versions listed.
+const DELETED_SHOWN: Window = Window {
+    offset: 0,
+    limit: 200,
+};
 /// Tags listed on a repository's page.
 const TAGS_SHOWN: u32 = 200;
 
@@ -55,14 +66,16 @@ pub(super) async fn home(
         .skip(page * REPOS_PER_PAGE)
         .take(REPOS_PER_PAGE)
         .collect();
-    let mut by_namespace: BTreeMap<&str, Vec<(&str, usize)>> = BTreeMap::new();
+    let mut by_namespace: BTreeMap<&str, Vec<(&str, u64)>> = BTreeMap::new();
     for name in &shown {
         let versions = match RepoName::parse(name) {
-            Ok(repo) => state
-                .meta
-                .list_versions(&repo, VOLUME_ARTIFACT_TYPE, false)
-                .await?
-                .map_or(0, |v| v.len()),
+            Ok(repo) => {
+                state
+                    .meta
+                    .version_totals(Some(&repo), VOLUME_ARTIFACT_TYPE)
+                    .await?
+                    .versions
+            }
             Err(_) => 0,
         };
         let namespace = name.split_once('/').map_or("", |(ns, _)| ns);
@@ -137,14 +150,33 @@ pub(super) async fn repository(
 ) -> Result<Markup, ApiError> {
     visible(state, viewer, repo)?;
     let unknown = || ApiError::not_found(ErrorCode::NameUnknown, "unknown repository");
-    let versions = state
+    let page = page_number(query);
+    let window = Window {
+        offset: (page * VERSIONS_PER_PAGE) as u64,
+        limit: VERSIONS_PER_PAGE as u32,
+    };
+    let shown = state
         .meta
-        .list_versions(repo, VOLUME_ARTIFACT_TYPE, false)
+        .list_versions(repo, VOLUME_ARTIFACT_TYPE, false, window)
         .await?
         .ok_or_else(unknown)?;
+    let total = state
+        .meta
+        .version_totals(Some(repo), VOLUME_ARTIFACT_TYPE)
+        .await?
+        .versions as usize;
+    // The compare form offers the newest versions; any other pair is a URL away.
+    let choices = match page {
+        0 if total <= VERSIONS_PER_PAGE => shown.clone(),
+        _ => state
+            .meta
+            .list_versions(repo, VOLUME_ARTIFACT_TYPE, false, COMPARE_CHOICES)
+            .await?
+            .unwrap_or_default(),
+    };
     let deleted = state
         .meta
-        .list_versions(repo, VOLUME_ARTIFACT_TYPE, true)
+        .list_versions(repo, VOLUME_ARTIFACT_TYPE, true, DELETED_SHOWN)
         .await?
         .unwrap_or_default();
     let tags = state
@@ -161,12 +193,6 @@ pub(super) async fn repository(
             }
         }
     }
-    let page = page_number(query);
-    let shown: Vec<_> = versions
-        .iter()
-        .skip(page * VERSIONS_PER_PAGE)
-        .take(VERSIONS_PER_PAGE)
-        .collect();
     let pushed_by = pushers(state, repo, &tags).await?;
     let retention = state.config.retention_for(repo.as_str()).as_millis() as i64;
     let now = crate::storage::now_millis();
@@ -178,8 +204,8 @@ pub(super) async fn repository(
     let body = html! {
         h1 { (repo) }
         p { "Pull or mount: " (copyable("ref", &format!("{host}/{repo}"))) }
-        @if !versions.is_empty() {
-            h2 { "Versions (" (versions.len()) ")" }
+        @if total > 0 {
+            h2 { "Versions (" (total) ")" }
             div.scroll { table {
                 tr {
                     th { "Version" } th.num { "Size" } th.num.wide { "Files" } th { "Tags" }
@@ -202,18 +228,18 @@ pub(super) async fn repository(
                     }
                 }
             } }
-            (layout::pager(&repo_url(repo, ""), page, versions.len() > (page + 1) * VERSIONS_PER_PAGE))
-            @if versions.len() > 1 {
+            (layout::pager(&repo_url(repo, ""), page, total > (page + 1) * VERSIONS_PER_PAGE))
+            @if total > 1 {
                 h2 { "Compare two versions" }
                 form.inline method="get" action=(repo_url(repo, "compare")) {
                     select name="a" aria-label="older version" {
-                        @for (i, v) in versions.iter().take(500).enumerate() {
+                        @for (i, v) in choices.iter().enumerate() {
                             option value=(v.digest.to_string()) selected[i == 1] { (short(v.digest.as_str())) " " (v.tags.join(" ")) }
                         }
                     }
                     "→"
                     select name="b" aria-label="newer version" {
-                        @for (i, v) in versions.iter().take(500).enumerate() {
+                        @for (i, v) in choices.iter().enumerate() {
                             option value=(v.digest.to_string()) selected[i == 0] { (short(v.digest.as_str())) " " (v.tags.join(" ")) }
                         }
                     }

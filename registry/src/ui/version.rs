@@ -63,17 +63,12 @@ pub(super) async fn version(
     };
     let body = match opened {
         Opened::Volume { tree, .. } => {
-            let versions = state
+            let before = state
                 .meta
-                .list_versions(repo, VOLUME_ARTIFACT_TYPE, false)
-                .await?
-                .unwrap_or_default();
-            let position = versions.iter().position(|v| &v.digest == digest);
-            let created = position.map(|i| versions[i].created_at);
-            // The list is newest first: the version before this one comes after it.
-            let previous = position
-                .and_then(|i| versions.get(i + 1))
-                .map(|v| v.digest.clone());
+                .version_before(repo, VOLUME_ARTIFACT_TYPE, digest)
+                .await?;
+            let created = before.as_ref().map(|(at, _)| *at);
+            let previous = before.and_then(|(_, previous)| previous);
             let shared = match &previous {
                 Some(p) => match data::open(state, repo, p).await? {
                     Opened::Volume { tree: old, .. } => {

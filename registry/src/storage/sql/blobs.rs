@@ -225,9 +225,11 @@ impl BlobMeta for SqlMetadataStore {
     }
 
     async fn stored_totals(&self) -> Result<(u64, u64), StorageError> {
-        let row = sqlx::query("SELECT COUNT(*) AS n, CAST(COALESCE(SUM(size), 0) AS BIGINT) AS bytes FROM blobs")
-            .fetch_one(&self.reader)
-            .await?;
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(size), 0) AS BIGINT) AS bytes FROM blobs",
+        )
+        .fetch_one(&self.reader)
+        .await?;
         let (n, bytes): (i64, i64) = (row.try_get("n")?, row.try_get("bytes")?);
         Ok((n.max(0) as u64, bytes.max(0) as u64))
     }

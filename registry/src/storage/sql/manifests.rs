@@ -491,32 +491,42 @@ impl ManifestMeta for SqlMetadataStore {
         repo: &RepoName,
         artifact_type: &str,
         deleted: bool,
+        window: Window,
     ) -> Result<Option<Vec<VersionRow>>, StorageError> {
         let Some(repo_id) = repo_id(&self.reader, repo).await? else {
             return Ok(None);
         };
+        // The window is cut first (an index walk: manifests_live_versions), so the tags are looked
+        // up for the rows shown only, however many versions the repository holds.
         let sql = if deleted {
             "SELECT m.digest, m.created_at, m.annotations, CAST(NULL AS TEXT) AS tags, m.deleted_tags,
                     m.deleted_at, m.deleted_by
                FROM manifests m
               WHERE m.repository_id = $1 AND m.artifact_type = $2 AND m.deleted_at IS NOT NULL
-              ORDER BY m.deleted_at DESC, m.digest"
+              ORDER BY m.deleted_at DESC, m.digest
+              LIMIT $3 OFFSET $4"
                 .to_owned()
         } else {
             format!(
                 "SELECT m.digest, m.created_at, m.annotations,
                     (SELECT {} FROM tags t
                       WHERE t.repository_id = m.repository_id AND t.manifest_digest = m.digest
-                        AND (t.expires_at IS NULL OR t.expires_at > $3)) AS tags,
+                        AND (t.expires_at IS NULL OR t.expires_at > $5)) AS tags,
                     CAST(NULL AS TEXT) AS deleted_tags, CAST(NULL AS BIGINT) AS deleted_at,
                     CAST(NULL AS TEXT) AS deleted_by
-               FROM manifests m
-              WHERE m.repository_id = $1 AND m.artifact_type = $2 AND m.deleted_at IS NULL
+               FROM (SELECT repository_id, digest, created_at, annotations FROM manifests
+                      WHERE repository_id = $1 AND artifact_type = $2 AND deleted_at IS NULL
+                      ORDER BY created_at DESC, digest
+                      LIMIT $3 OFFSET $4) m
               ORDER BY m.created_at DESC, m.digest",
                 self.dialect.string_agg()
             )
         };
-        let mut query = sqlx::query(&sql).bind(repo_id).bind(artifact_type);
+        let mut query = sqlx::query(&sql)
+            .bind(repo_id)
+            .bind(artifact_type)
+            .bind(i64::from(window.limit))
+            .bind(i64::try_from(window.offset).unwrap_or(i64::MAX));
         if !deleted {
             query = query.bind(now_millis());
         }
@@ -544,6 +554,82 @@ impl ManifestMeta for SqlMetadataStore {
             });
         }
         Ok(Some(out))
+    }
+
+    async fn version_totals(
+        &self,
+        repo: Option<&RepoName>,
+        artifact_type: &str,
+    ) -> Result<VersionTotals, StorageError> {
+        let repo_id = match repo {
+            Some(repo) => match repo_id(&self.reader, repo).await? {
+                Some(id) => Some(id),
+                None => return Ok(VersionTotals::default()),
+            },
+            None => None,
+        };
+        let sql = format!(
+            "SELECT COUNT(*) AS n, CAST(COALESCE(SUM({}), 0) AS BIGINT) AS bytes
+               FROM manifests m
+              WHERE m.artifact_type = $1 AND m.deleted_at IS NULL {}",
+            self.dialect
+                .annotation_bigint("m.annotations", vial_core::volume::ANNOTATION_BYTES),
+            if repo_id.is_some() {
+                "AND m.repository_id = $2"
+            } else {
+                ""
+            }
+        );
+        let mut query = sqlx::query(&sql).bind(artifact_type);
+        if let Some(id) = repo_id {
+            query = query.bind(id);
+        }
+        let row = query.fetch_one(&self.reader).await?;
+        let (n, bytes): (i64, i64) = (row.try_get("n")?, row.try_get("bytes")?);
+        Ok(VersionTotals {
+            versions: n.max(0) as u64,
+            bytes: bytes.max(0) as u64,
+        })
+    }
+
+    async fn version_before(
+        &self,
+        repo: &RepoName,
+        artifact_type: &str,
+        digest: &Digest,
+    ) -> Result<Option<(i64, Option<Digest>)>, StorageError> {
+        let Some(repo_id) = repo_id(&self.reader, repo).await? else {
+            return Ok(None);
+        };
+        let created: Option<i64> = sqlx::query_scalar(
+            "SELECT created_at FROM manifests
+              WHERE repository_id = $1 AND digest = $2 AND artifact_type = $3 AND deleted_at IS NULL",
+        )
+        .bind(repo_id)
+        .bind(digest.as_str())
+        .bind(artifact_type)
+        .fetch_optional(&self.reader)
+        .await?;
+        let Some(created) = created else {
+            return Ok(None);
+        };
+        let before: Option<String> = sqlx::query_scalar(
+            "SELECT digest FROM manifests
+              WHERE repository_id = $1 AND artifact_type = $2 AND deleted_at IS NULL
+                AND (created_at < $3 OR (created_at = $3 AND digest > $4))
+              ORDER BY created_at DESC, digest
+              LIMIT 1",
+        )
+        .bind(repo_id)
+        .bind(artifact_type)
+        .bind(created)
+        .bind(digest.as_str())
+        .fetch_optional(&self.reader)
+        .await?;
+        Ok(Some((
+            created,
+            before.as_deref().map(parse_digest).transpose()?,
+        )))
     }
 
     async fn list_repositories(

@@ -38,6 +38,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "gc candidates",
         include_str!("../../../../migrations/sqlite/0006_gc_candidates.sql"),
     ),
+    (
+        7,
+        "version listing",
+        include_str!("../../../../migrations/sqlite/0007_version_listing.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -69,6 +74,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         6,
         "gc candidates",
         include_str!("../../../../migrations/postgres/0006_gc_candidates.sql"),
+    ),
+    (
+        7,
+        "version listing",
+        include_str!("../../../../migrations/postgres/0007_version_listing.sql"),
     ),
 ];
 

@@ -29,7 +29,7 @@ use super::metadata::{
     BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
     JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, PackedChunk, Page,
     Presence, RangeChunk, Restored, Source, StoredCheck, StoredManifest, TagEvent, TagMeta,
-    TagMoved, TagPrecondition, UploadMeta, UploadSession, VersionRow,
+    TagMoved, TagPrecondition, UploadMeta, UploadSession, VersionRow, VersionTotals, Window,
 };
 use super::{now_millis, PackId, StorageError};
 
@@ -76,6 +76,20 @@ impl Dialect {
         match self {
             Dialect::Sqlite => format!("CAST(json_extract({column}, '$[{i}]') AS {ty})"),
             Dialect::Postgres => format!("CAST({column}->>{i} AS {ty})"),
+        }
+    }
+
+    /// The string annotation `key` of the JSON object in `column` as a BIGINT; NULL when absent
+    /// and 0 when it is not a number (never an error, whatever a client annotated).
+    fn annotation_bigint(self, column: &str, key: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("CAST(json_extract({column}, '$.\"{key}\"') AS INTEGER)"),
+            Dialect::Postgres => {
+                let text = format!("(CAST({column} AS json) ->> '{key}')");
+                format!(
+                    "CASE WHEN {text} ~ '^[0-9]{{1,18}}$' THEN CAST({text} AS BIGINT) ELSE 0 END"
+                )
+            }
         }
     }
 
