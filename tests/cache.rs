@@ -557,16 +557,22 @@ fn a_busy_mirror_is_asked_again_before_the_origin() {
     };
     pull(&tier.cache().addr, "warm");
     let sent = metric(tier.origin(), "vial_bytes_sent_total");
-    // The cache answers 503 to a node's first two blob reads, then serves them.
-    let busy = Proxy::start(&tier.cache().addr);
-    busy.set(Fault::Unavailable(2));
-    pull(&busy.addr, "through-busy");
-    assert_eq!(busy.fault(), Fault::Unavailable(0), "both 503s were sent");
-    assert_eq!(
-        metric(tier.origin(), "vial_bytes_sent_total"),
-        sent,
-        "the node asked its busy cache again instead of reading from the origin"
-    );
+    // The cache answers 503 to a node's first two blob reads, then serves them; or it hangs up
+    // on the first, as on a pooled connection it had just closed.
+    for (fault, spent) in [
+        (Fault::Unavailable(2), Fault::Unavailable(0)),
+        (Fault::Hangup(1), Fault::Hangup(0)),
+    ] {
+        let busy = Proxy::start(&tier.cache().addr);
+        busy.set(fault);
+        pull(&busy.addr, &format!("through-{fault:?}"));
+        assert_eq!(busy.fault(), spent, "{fault:?} was injected");
+        assert_eq!(
+            metric(tier.origin(), "vial_bytes_sent_total"),
+            sent,
+            "after {fault:?} the node asked its cache again instead of reading from the origin"
+        );
+    }
 }
 
 /// An htpasswd file of `users` (name, password) and a token key, in `dir`; returns the `[auth]`

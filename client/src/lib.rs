@@ -19,5 +19,5 @@ pub mod volume;
 pub use error::{ClientError, Expected};
 pub use registry::{
     LeaseInfo, Manifest, Mirror, Registry, RegistryOptions, RestoreReport, SealStatus, SyncJob,
-    SyncProgress, SyncRequest, TagEventInfo, VersionInfo,
+    SyncProgress, SyncRequest, TagEventInfo, VersionInfo, IDLE_CONNECTION,
 };

@@ -16,6 +16,9 @@ pub enum Fault {
     Corrupt,
     /// Answer 503 to the next N blob GETs, then pass through.
     Unavailable(usize),
+    /// Close the connection without answering the next N blob GETs (as a server closing an idle
+    /// connection just as a request arrives on it), then pass through.
+    Hangup(usize),
     /// Send the headers and half the body, then close the connection.
     Truncate,
     /// Accept the request and never answer.
@@ -173,8 +176,10 @@ fn serve(
     let current = {
         let mut f = fault.lock().unwrap();
         let current = *f;
-        if let (true, Fault::Unavailable(n)) = (is_blob_get, current) {
-            *f = Fault::Unavailable(n.saturating_sub(1));
+        match (is_blob_get, current) {
+            (true, Fault::Unavailable(n)) => *f = Fault::Unavailable(n.saturating_sub(1)),
+            (true, Fault::Hangup(n)) => *f = Fault::Hangup(n.saturating_sub(1)),
+            _ => {}
         }
         current
     };
@@ -186,6 +191,10 @@ fn serve(
                 record(503, 0);
                 write!(conn, "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", msg.len())?;
                 return conn.write_all(msg);
+            }
+            Fault::Hangup(n) if n > 0 => {
+                record(0, 0);
+                return conn.shutdown(std::net::Shutdown::Both);
             }
             Fault::Stall => {
                 std::thread::sleep(Duration::from_secs(3600));

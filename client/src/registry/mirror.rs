@@ -89,8 +89,8 @@ impl Registry {
         };
         // A mirror that answers but is busy (429, or a 5xx while its own upstream was briefly
         // unavailable) is asked again before it is passed over: reading from the origin instead
-        // costs the origin what the mirror is there to spare it. One that does not answer at all
-        // is passed over at once.
+        // costs the origin what the mirror is there to spare it. One that cannot be reached twice
+        // in a row is passed over at once.
         let mut delay = Duration::from_millis(200);
         let mut attempt = 1;
         let why = loop {
@@ -100,6 +100,13 @@ impl Registry {
                     tracing::debug!(mirror = %self.inner.host, status = %r.status(), attempt, "the mirror is busy; asking it again");
                 }
                 Ok(r) => break format!("it answered {} {attempt} times", r.status()),
+                // A pooled connection the mirror had just closed (reset under the request) says
+                // nothing of the mirror: one more try, on a new connection, before passing it over.
+                Err(e) if attempt == 1 && e.is_transient() => {
+                    tracing::debug!(mirror = %self.inner.host, error = %vial_core::error_chain(&e), "a request to the mirror failed in transit; trying once more");
+                    attempt += 1;
+                    continue;
+                }
                 Err(e) => break vial_core::error_chain(&e),
             }
             tokio::time::sleep(delay).await;

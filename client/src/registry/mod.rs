@@ -121,6 +121,9 @@ fn is_loopback(host: &str) -> bool {
     matches!(name, "localhost" | "127.0.0.1" | "[::1]" | "::1") || name.starts_with("127.")
 }
 
+/// How long an idle connection is kept for the next request.
+pub const IDLE_CONNECTION: Duration = Duration::from_secs(20);
+
 impl Registry {
     pub fn new(host: &str, options: &RegistryOptions) -> Result<Registry, ClientError> {
         let scheme = if options.plain_http || is_loopback(host) {
@@ -132,6 +135,10 @@ impl Registry {
             .timeout(options.timeout)
             .connect_timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(64)
+            // Idle connections are dropped before a server would close them (vial serve closes
+            // one idle for its 30 s header timeout): a request sent on a connection the server
+            // has just closed fails with a reset.
+            .pool_idle_timeout(IDLE_CONNECTION)
             .user_agent(concat!("vial/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ClientError::Invalid(format!("cannot build an HTTP client: {e}")))?;

@@ -36,6 +36,7 @@ impl Peers {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .pool_max_idle_per_host(64)
+            .pool_idle_timeout(vial_client::IDLE_CONNECTION)
             .build()
             .map_err(|e| format!("peer client: {e}"))?;
         Ok(Peers {
