@@ -101,21 +101,7 @@ pub fn count(n: u64, noun: &str) -> String {
     }
 }
 
-/// `1.5 GiB`-style sizes.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+pub use vial_core::human_bytes;
 
 /// Two bars on stderr, drawn only when stderr is a terminal: bytes read and hashed, bytes moved.
 pub struct Bars {

@@ -21,6 +21,22 @@ pub use digest::{Algorithm, Digest, DigestError, DigestHasher};
 pub use name::{NameError, RepoName, Tag};
 pub use reference::{Reference, ReferenceError, Target};
 
+/// `1.5 GiB`-style sizes, for people: binary units, one decimal.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 /// `outer: inner: innermost`: an error and its sources on one line, for logs.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -31,4 +47,17 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(super::human_bytes(0), "0 B");
+        assert_eq!(super::human_bytes(1023), "1023 B");
+        assert_eq!(super::human_bytes(1536), "1.5 KiB");
+        assert_eq!(super::human_bytes(5 << 30), "5.0 GiB");
+        // Past the largest unit the number grows instead.
+        assert_eq!(super::human_bytes(u64::MAX), "16384.0 PiB");
+    }
 }

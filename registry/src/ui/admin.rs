@@ -91,7 +91,7 @@ fn running(jobs: &[Job]) -> bool {
 pub(super) async fn repository_jobs(state: &AppState, repo: &RepoName) -> Result<Markup, ApiError> {
     let mut jobs = state.meta.list_jobs(SYNC_JOB, repo, JOBS_SHOWN).await?;
     jobs.extend(state.meta.list_jobs(SEAL_JOB, repo, JOBS_SHOWN).await?);
-    jobs.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.updated_at));
     Ok(html! {
         @if !jobs.is_empty() {
             h2 { "Jobs" }

@@ -113,20 +113,7 @@ pub fn short(digest: &str) -> String {
 }
 
 /// `1.5 GiB`-style sizes.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+pub use vial_core::human_bytes as bytes;
 
 /// A Unix-milliseconds time as `2026-12-02 14:03 UTC`.
 pub fn time(ms: i64) -> String {
