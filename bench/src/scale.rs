@@ -98,29 +98,31 @@ fn load_sql(args: &ScaleArgs, volumes: u64) -> String {
          INSERT INTO repositories (name, created_at)
            SELECT 'scale/v' || v, 0 FROM generate_series(0, {last_volume}) v;
          CREATE TEMP TABLE chunk AS
-           SELECT r.id AS rid, v, i,
+           SELECT r.id AS rid, v, i, row_number() OVER () AS bid,
                   'sha256:' || encode(sha256(convert_to('scale ' || v || ' ' || i, 'UTF8')), 'hex') AS digest
              FROM generate_series(0, {last_volume}) v
              JOIN repositories r ON r.name = 'scale/v' || v
             CROSS JOIN generate_series(0, {last_chunk}) i;
-         INSERT INTO blobs (digest, size, created_at, touched_at) SELECT digest, 1048576, 0, 0 FROM chunk;
+         INSERT INTO blobs (id, digest, size, created_at, touched_at) SELECT bid, digest, 1048576, 0, 0 FROM chunk;
+         SELECT setval(pg_get_serial_sequence('blobs', 'id'), (SELECT max(id) FROM blobs));
          INSERT INTO repository_blobs (repository_id, digest, created_at) SELECT rid, digest, 0 FROM chunk;
          INSERT INTO gc_candidates (digest) SELECT digest FROM chunk;
          CREATE TEMP TABLE version AS
-           SELECT r.id AS rid, v, k,
+           SELECT r.id AS rid, v, k, 2 * row_number() OVER () AS pid,
                   'sha256:' || encode(sha256(convert_to('index ' || v || ' ' || k, 'UTF8')), 'hex') AS idx,
                   'sha256:' || encode(sha256(convert_to('part ' || v || ' ' || k, 'UTF8')), 'hex') AS part
              FROM generate_series(0, {last_volume}) v
              JOIN repositories r ON r.name = 'scale/v' || v
             CROSS JOIN generate_series(0, {last_version}) k;
-         INSERT INTO manifests (repository_id, digest, media_type, artifact_type, size, content, created_at)
-           SELECT rid, idx, 'application/vnd.oci.image.index.v1+json', '{volume_type}', 2, convert_to('{{}}', 'UTF8'), k FROM version
+         INSERT INTO manifests (id, repository_id, digest, media_type, artifact_type, size, content, created_at)
+           SELECT pid - 1, rid, idx, 'application/vnd.oci.image.index.v1+json', '{volume_type}', 2, convert_to('{{}}', 'UTF8'), k FROM version
            UNION ALL
-           SELECT rid, part, 'application/vnd.oci.image.manifest.v1+json', NULL, 2, convert_to('{{}}', 'UTF8'), k FROM version;
+           SELECT pid, rid, part, 'application/vnd.oci.image.manifest.v1+json', NULL, 2, convert_to('{{}}', 'UTF8'), k FROM version;
+         SELECT setval(pg_get_serial_sequence('manifests', 'id'), (SELECT max(id) FROM manifests));
          INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
            SELECT rid, idx, part, true FROM version;
-         INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
-           SELECT ver.rid, ver.part, c.digest, false
+         INSERT INTO manifest_blobs (manifest_id, blob_id)
+           SELECT ver.pid, c.bid
              FROM version ver JOIN chunk c ON c.v = ver.v AND c.i >= ver.k * {n} AND c.i < ver.k * {n} + {c};
          INSERT INTO tags (repository_id, name, manifest_digest, updated_at)
            SELECT rid, 'latest', idx, 0 FROM version WHERE k = {last_version};
@@ -178,7 +180,11 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
     psql(&url, &load_sql(args, volumes))?;
     run.load_seconds = t.elapsed().as_secs_f64();
     run.blobs = psql(&url, "SELECT count(*) FROM blobs")?.parse()?;
-    run.references = psql(&url, "SELECT count(*) FROM manifest_references")?.parse()?;
+    run.references = psql(
+        &url,
+        "SELECT (SELECT count(*) FROM manifest_blobs) + (SELECT count(*) FROM manifest_references)",
+    )?
+    .parse()?;
 
     let chunk = |v: u64, i: u64| digest(&format!("scale {v} {i}"));
     // Presence check of 4,096 digests of one volume: the first call touches them all, the later
@@ -319,6 +325,7 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
     for t in [
         "blobs",
         "repository_blobs",
+        "manifest_blobs",
         "manifest_references",
         "manifests",
         "gc_candidates",
@@ -345,7 +352,7 @@ pub async fn scale(args: ScaleArgs) -> Result<()> {
     let ms = |v: Option<f64>| num(v, 1);
     let mut rows = vec![
         vec!["blob rows".to_owned()],
-        vec!["manifest_references rows".to_owned()],
+        vec!["reference rows (blobs and child manifests)".to_owned()],
         vec!["load (s)".to_owned()],
         vec!["presence check, 4,096 digests (ms)".to_owned()],
         vec!["manifest PUT, 1,000 layers (ms)".to_owned()],
@@ -384,6 +391,7 @@ pub async fn scale(args: ScaleArgs) -> Result<()> {
     for t in [
         "blobs",
         "repository_blobs",
+        "manifest_blobs",
         "manifest_references",
         "manifests",
         "gc_candidates",

@@ -13,11 +13,10 @@ use super::blobs::parse_pack;
 use super::*;
 use crate::storage::metadata::{Candidates, Garbage, GcEstimate, GcMeta};
 
-/// A blob row `b` that no manifest references (`$1` = false, the `is_manifest` of blob
-/// references), that no range chunk lives in, and that nobody touched since `$2`.
-const UNREFERENCED: &str = "b.touched_at < $2
-    AND NOT EXISTS (SELECT 1 FROM manifest_references r
-                     WHERE r.target_digest = b.digest AND r.is_manifest = $1)
+/// A blob row `b` that no manifest references, that no range chunk lives in, and that nobody
+/// touched since `$1`.
+const UNREFERENCED: &str = "b.touched_at < $1
+    AND NOT EXISTS (SELECT 1 FROM manifest_blobs r WHERE r.blob_id = b.id)
     AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)";
 
 /// A committed pack (`p`) no chunk lives in, created before `$1`.
@@ -119,17 +118,16 @@ impl SqlMetadataStore {
         let rows = sqlx::query(&format!(
             "SELECT {GARBAGE} FROM blobs b
               WHERE b.digest IN (SELECT value FROM {}) AND b.touched_at < $2
-                AND NOT EXISTS (SELECT 1 FROM manifest_references r
-                                 WHERE r.target_digest = b.digest AND r.is_manifest = $3
-                                   AND NOT (CAST(r.repository_id AS TEXT) || ':' || r.manifest_digest)
+                AND NOT EXISTS (SELECT 1 FROM manifest_blobs r JOIN manifests m ON m.id = r.manifest_id
+                                 WHERE r.blob_id = b.id
+                                   AND NOT (CAST(m.repository_id AS TEXT) || ':' || m.digest)
                                        IN (SELECT value FROM {}))
                 AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)",
             self.dialect.text_set("$1"),
-            self.dialect.text_set("$4"),
+            self.dialect.text_set("$3"),
         ))
         .bind(text_list(batch.iter().map(String::as_str)))
         .bind(touched_before)
-        .bind(false)
         .bind(doomed)
         .fetch_all(&self.reader)
         .await?;
@@ -357,10 +355,9 @@ impl GcMeta for SqlMetadataStore {
         // stays locked until this commits, so the last of them can only go after this
         // transaction dropped the candidate, and its trigger then queues the blob again.
         let referenced: Vec<String> = sqlx::query_scalar(&self.held_by(
-            "manifest_references r WHERE r.target_digest = c.value AND r.is_manifest = $2",
+            "manifest_blobs r WHERE r.blob_id = (SELECT id FROM blobs WHERE digest = c.value)",
         ))
         .bind(&set)
-        .bind(false)
         .fetch_all(&mut *tx)
         .await?;
         let sources: Vec<String> =
@@ -423,9 +420,8 @@ impl GcMeta for SqlMetadataStore {
         // Checked again now that the rows are held: a new statement sees every commit so far.
         let rows = sqlx::query(&format!(
             "SELECT {GARBAGE} FROM blobs b WHERE b.digest IN (SELECT value FROM {}) AND {UNREFERENCED}",
-            self.dialect.text_set("$3")
+            self.dialect.text_set("$2")
         ))
-        .bind(false)
         .bind(touched_before)
         .bind(&set)
         .fetch_all(&mut *tx)
@@ -612,13 +608,14 @@ impl GcMeta for SqlMetadataStore {
                 continue;
             };
             let targets: Vec<String> = sqlx::query_scalar(
-                "SELECT r.target_digest FROM manifest_references r
-                  WHERE r.repository_id = $1 AND r.manifest_digest = $2 AND r.is_manifest = $3
-                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.digest = r.target_digest)",
+                "SELECT b.digest FROM manifests m
+                   JOIN manifest_blobs r ON r.manifest_id = m.id
+                   JOIN blobs b ON b.id = r.blob_id
+                  WHERE m.repository_id = $1 AND m.digest = $2
+                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.digest = b.digest)",
             )
             .bind(id.parse::<i64>().unwrap_or(-1))
             .bind(digest)
-            .bind(false)
             .fetch_all(&self.reader)
             .await?;
             unqueued.extend(targets);

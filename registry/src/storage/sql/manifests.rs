@@ -80,20 +80,33 @@ impl ManifestMeta for SqlMetadataStore {
         .execute(&mut *tx)
         .await?;
         if inserted.rows_affected() > 0 {
-            // One statement per kind of reference, however many the manifest lists.
-            for (targets, is_manifest) in [(&manifest.blobs, false), (&manifest.children, true)] {
-                if targets.is_empty() {
-                    continue;
-                }
+            // One statement per kind of reference, however many the manifest lists. Blobs by
+            // their ids (every one has a row: checked above, and held until this commits).
+            if !manifest.blobs.is_empty() {
+                sqlx::query(&format!(
+                    "INSERT INTO manifest_blobs (manifest_id, blob_id)
+                     SELECT m.id, b.id FROM manifests m, blobs b
+                      WHERE m.repository_id = $1 AND m.digest = $3
+                        AND b.digest IN (SELECT value FROM {})
+                     ON CONFLICT DO NOTHING",
+                    self.dialect.text_set("$2")
+                ))
+                .bind(repo_id)
+                .bind(digest_set(manifest.blobs.iter().map(|r| &r.digest)))
+                .bind(manifest.digest.as_str())
+                .execute(&mut *tx)
+                .await?;
+            }
+            if !manifest.children.is_empty() {
                 sqlx::query(&format!(
                     "INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
                      SELECT $1, $3, value, $4 FROM {} WHERE true ON CONFLICT DO NOTHING",
                     self.dialect.text_set("$2")
                 ))
                 .bind(repo_id)
-                .bind(digest_set(targets.iter().map(|r| &r.digest)))
+                .bind(digest_set(manifest.children.iter().map(|r| &r.digest)))
                 .bind(manifest.digest.as_str())
-                .bind(is_manifest)
+                .bind(true)
                 .execute(&mut *tx)
                 .await?;
             }

@@ -43,6 +43,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "version listing",
         include_str!("../../../../migrations/sqlite/0007_version_listing.sql"),
     ),
+    (
+        8,
+        "compact references",
+        include_str!("../../../../migrations/sqlite/0008_compact_references.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -79,6 +84,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "version listing",
         include_str!("../../../../migrations/postgres/0007_version_listing.sql"),
+    ),
+    (
+        8,
+        "compact references",
+        include_str!("../../../../migrations/postgres/0008_compact_references.sql"),
     ),
 ];
 
