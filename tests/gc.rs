@@ -373,3 +373,82 @@ fn collection_on_postgresql_waits_for_its_index_and_says_how_to_build_it() {
     let report = gc(h, &server, false);
     assert_eq!(report["blobs"], 0, "{report}");
 }
+
+/// A pass asked for over HTTP is a job: `vial gc --detach` queues it and returns, the pass runs to
+/// the end with nobody waiting, and `vial gc --job` (or the API) follows it to its report.
+#[test]
+fn a_pass_runs_as_a_job_that_needs_no_one_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = &dir.path().join("home");
+    let server = Server::start_on(&dir.path().join("data"), &GC_NOW);
+    let volume = format!("{}/gc/job", server.addr);
+    write_files(&h.join("base"), &[("a.bin", 21)]);
+    write_files(&h.join("v1"), &[("a.bin", 21), ("b.bin", 22)]);
+    write_files(&h.join("v2"), &[("a.bin", 21), ("b.bin", 23)]);
+    // The shared chunk first, so v1's own chunk does not share a pack with live ones (see
+    // above) and its bytes go with it.
+    push_json(h, &h.join("base"), &volume, &["--tag", "base"]);
+    let p1 = push_json(h, &h.join("v1"), &volume, &[])["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    push_json(h, &h.join("v2"), &volume, &["--tag", "v2"]);
+    // Everything pushed so far was a candidate once; a pass settles it.
+    gc(h, &server, false);
+    vial_ok(h, &["rm", &p1]);
+
+    let queued: serde_json::Value =
+        serde_json::from_str(&vial_ok(h, &["gc", &server.addr, "--detach", "--json"])).unwrap();
+    let id = queued["id"].as_str().expect("a job id").to_owned();
+    assert!(
+        ["queued", "running", "done"].contains(&queued["state"].as_str().unwrap()),
+        "{queued}"
+    );
+
+    // Nobody follows it: it still runs to the end.
+    let http = reqwest::blocking::Client::new();
+    let job = loop {
+        let job: serde_json::Value = http
+            .get(format!("{}/v2/_vial/gc/{id}?wait=10", server.url()))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if job["state"] == "done" || job["state"] == "failed" {
+            break job;
+        }
+    };
+    assert_eq!(job["state"], "done", "{job}");
+    let report = &job["report"];
+    assert_eq!(report["manifests_purged"], 1, "{job}");
+    assert!(report["blobs"].as_u64().unwrap() >= 1, "{job}");
+    assert!(report["bytes"].as_u64().unwrap() >= 1 << 20, "{job}");
+
+    // `vial gc --job` prints the finished pass's report.
+    let followed: serde_json::Value =
+        serde_json::from_str(&vial_ok(h, &["gc", &server.addr, "--job", &id, "--json"])).unwrap();
+    assert_eq!(&followed, report);
+    let text = vial_ok(h, &["gc", &server.addr, "--job", &id]);
+    assert!(text.starts_with("reclaimed "), "{text}");
+
+    // A job id the registry never gave out is a clear error, not a report of nothing.
+    let unknown = vial(h, &["gc", &server.addr, "--job", "no-such-pass"]);
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(!unknown.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("garbage collection job no-such-pass") && stderr.contains("not found"),
+        "{stderr}"
+    );
+
+    // The jobs page shows the pass over every repository.
+    let page = http
+        .get(format!("{}/ui/jobs", server.url()))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        page.contains("every repository") && page.contains(&format!("{} blobs", report["blobs"])),
+        "{page}"
+    );
+}

@@ -277,18 +277,34 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
 
     let gc = |dry: bool| {
         let http = http.clone();
-        let url = format!(
-            "{base}/v2/_vial/gc{}",
-            if dry { "?dry-run=true" } else { "" }
-        );
+        let url = format!("{base}/v2/_vial/gc?dry-run={dry}&wait=30");
+        let base = base.clone();
         async move {
             let t = Instant::now();
             let r = http.post(url).send().await?;
-            if r.status() != 200 {
+            if !r.status().is_success() {
                 bail!("gc answered {}: {}", r.status(), r.text().await?);
             }
-            let report: serde_json::Value = r.json().await?;
-            Ok::<_, anyhow::Error>((t.elapsed().as_secs_f64(), report))
+            let mut body: serde_json::Value = r.json().await?;
+            if dry {
+                return Ok((t.elapsed().as_secs_f64(), body));
+            }
+            // A real pass is a job: follow it to the end.
+            while !matches!(body["state"].as_str(), Some("done" | "failed")) {
+                let id = body["id"].as_str().unwrap_or_default();
+                let status = format!("{base}/v2/_vial/gc/{id}?wait=30");
+                body = http
+                    .get(status)
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .json()
+                    .await?;
+            }
+            if body["state"] != "done" {
+                bail!("the gc pass failed: {}", body["error"]);
+            }
+            Ok::<_, anyhow::Error>((t.elapsed().as_secs_f64(), body["report"].clone()))
         }
     };
     let count = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);

@@ -18,6 +18,6 @@ pub mod volume;
 
 pub use error::{ClientError, Expected};
 pub use registry::{
-    LeaseInfo, Manifest, Mirror, Registry, RegistryOptions, RestoreReport, SealStatus, SyncJob,
-    SyncProgress, SyncRequest, TagEventInfo, VersionInfo, IDLE_CONNECTION,
+    GcJob, LeaseInfo, Manifest, Mirror, Registry, RegistryOptions, RestoreReport, SealStatus,
+    SyncJob, SyncProgress, SyncRequest, TagEventInfo, VersionInfo, IDLE_CONNECTION,
 };

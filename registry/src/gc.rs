@@ -7,17 +7,23 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vial_core::Digest;
 
 use crate::error::error_chain;
-use crate::storage::{now_millis, BytesDeletion, PackId, StorageError};
+use crate::storage::{now_millis, BytesDeletion, Job, PackId, StorageError};
 use crate::AppState;
 
 /// Candidates looked at per batch, and blobs removed per transaction.
 const BATCH: u32 = 1000;
+
+/// The kind of job a pass asked for over HTTP runs as.
+pub const GC_JOB: &str = "gc";
+
+/// How often a pass that runs as a job records how far it has come.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What a collection pass did, or would do.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -54,8 +60,57 @@ pub fn cutoff(config: &crate::config::Config) -> i64 {
     now_millis() - (config.gc_grace + config.touch_slack()).as_millis() as i64
 }
 
-/// One pass. Passes in one process take turns; passes on several replicas are safe together.
-pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, StorageError> {
+/// Where a pass records its progress: the job it runs as, if any, at most every
+/// [`PROGRESS_EVERY`].
+struct Progress<'a> {
+    state: &'a AppState,
+    job: Option<&'a Job>,
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress<'_> {
+    async fn record(&mut self, report: &GcReport) {
+        let Some(job) = self.job else { return };
+        if self.last.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        let so_far = GcReport {
+            seconds: self.started.elapsed().as_secs_f64(),
+            ..report.clone()
+        };
+        let json = serde_json::to_string(&so_far).unwrap_or_default();
+        if let Err(e) = self
+            .state
+            .meta
+            .save_job_progress(&job.id, job.attempts, &json)
+            .await
+        {
+            tracing::debug!(job = %job.id, error = %error_chain(&e), "could not record a collection's progress");
+        }
+    }
+}
+
+/// Queues a pass as a job (or finds the one already queued or running), for `POST
+/// /v2/_vial/gc`: it runs to the end whoever waits for it, on whichever replica runs jobs.
+pub async fn start(state: &AppState) -> Result<Job, StorageError> {
+    if let Some(job) = state.meta.unfinished_registry_job(GC_JOB).await? {
+        return Ok(job);
+    }
+    let job = state.meta.create_job(GC_JOB, None, "{}").await?;
+    tracing::info!(job = %job.id, "garbage collection pass queued");
+    state.jobs.wake();
+    Ok(job)
+}
+
+/// One pass, recording its progress in `job` when it runs as one. Passes in one process take
+/// turns; passes on several replicas are safe together.
+pub async fn collect(
+    state: &AppState,
+    dry_run: bool,
+    job: Option<&Job>,
+) -> Result<GcReport, StorageError> {
     let _turn = state.gc_turn.lock().await;
     if let Some(why) = state.meta.gc_blocker().await? {
         return Err(StorageError::NotReady(why));
@@ -64,6 +119,12 @@ pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, Storag
     let mut report = GcReport {
         dry_run,
         ..GcReport::default()
+    };
+    let mut progress = Progress {
+        state,
+        job,
+        started,
+        last: started,
     };
     if dry_run {
         let expired = crate::expired_deleted(state).await?;
@@ -77,10 +138,10 @@ pub async fn collect(state: &AppState, dry_run: bool) -> Result<GcReport, Storag
         report.manifests_purged = crate::purge_deleted(state).await;
         report.purge_seconds = started.elapsed().as_secs_f64();
         let cutoff = cutoff(&state.config);
-        collect_blobs(state, cutoff, &mut report).await?;
+        collect_blobs(state, cutoff, &mut report, &mut progress).await?;
         // Packs whose chunks have all been collected go last (a pack is kept while any chunk
         // in it lives: docs/gc.md).
-        collect_packs(state, cutoff, &mut report).await?;
+        collect_packs(state, cutoff, &mut report, &mut progress).await?;
         let m = &state.gc_metrics;
         m.runs.fetch_add(1, Ordering::Relaxed);
         m.blobs.fetch_add(report.blobs, Ordering::Relaxed);
@@ -110,6 +171,7 @@ async fn collect_blobs(
     state: &AppState,
     cutoff: i64,
     report: &mut GcReport,
+    progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
     let blobs = Arc::clone(&state.blobs);
     let delete = move |digest: Digest| -> BytesDeletion {
@@ -140,6 +202,7 @@ async fn collect_blobs(
                 tracing::warn!(blobs = digests.len(), error = %error_chain(&e), "could not collect a batch of blobs; the next pass tries again")
             }
         }
+        progress.record(report).await;
         match batch.next {
             Some(next) => after = Some(next),
             None => return Ok(()),
@@ -152,6 +215,7 @@ async fn collect_packs(
     state: &AppState,
     cutoff: i64,
     report: &mut GcReport,
+    progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
     let blobs = Arc::clone(&state.blobs);
     let delete = move |pack: PackId| -> BytesDeletion {
@@ -178,6 +242,7 @@ async fn collect_packs(
                 tracing::warn!(packs = packs.len(), error = %error_chain(&e), "could not collect a batch of packs; the next pass tries again")
             }
         }
+        progress.record(report).await;
         match batch.next {
             Some(next) => after = Some(next),
             None => return Ok(()),
@@ -191,7 +256,7 @@ pub async fn schedule(state: Arc<AppState>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        if let Err(e) = collect(&state, false).await {
+        if let Err(e) = collect(&state, false, None).await {
             tracing::warn!(error = %error_chain(&e), "garbage collection pass failed");
         }
     }

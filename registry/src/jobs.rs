@@ -14,6 +14,7 @@ use tokio::sync::{watch, Notify};
 use vial_core::Digest;
 
 use crate::error::error_chain;
+use crate::gc::GC_JOB;
 use crate::seal::{seal, SEAL_JOB};
 use crate::storage::{now_millis, Job, JobOutcome};
 use crate::sync::SYNC_JOB;
@@ -87,7 +88,7 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
 }
 
 async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<bool>) {
-    tracing::info!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, attempt = job.attempts, "job started");
+    tracing::info!(job = %job.id, kind = %job.kind, repo = job.scope(), target = %job.target, attempt = job.attempts, "job started");
     let outcome = if job.attempts > MAX_ATTEMPTS {
         JobOutcome::Failed(format!(
             "gave up after {MAX_ATTEMPTS} attempts; last error: {}",
@@ -130,13 +131,13 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
     };
     match &outcome {
         JobOutcome::Done(result) => {
-            tracing::info!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, result, "job done")
+            tracing::info!(job = %job.id, kind = %job.kind, repo = job.scope(), target = %job.target, result, "job done")
         }
         JobOutcome::Failed(error) => {
-            tracing::warn!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, error, "job failed")
+            tracing::warn!(job = %job.id, kind = %job.kind, repo = job.scope(), target = %job.target, error, "job failed")
         }
         JobOutcome::Retry { error, .. } => {
-            tracing::warn!(job = %job.id, kind = %job.kind, repo = %job.repository, target = %job.target, error, "job will be retried")
+            tracing::warn!(job = %job.id, kind = %job.kind, repo = job.scope(), target = %job.target, error, "job will be retried")
         }
     }
     let recorded = state.meta.finish_job(&job.id, job.attempts, &outcome).await;
@@ -155,10 +156,14 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
 async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
     match job.kind.as_str() {
         SEAL_JOB => {
-            let Ok(subject) = Digest::parse(&job.target) else {
-                return JobOutcome::Failed(format!("{:?} is not a digest", job.target));
+            let (Some(repo), Ok(subject)) = (&job.repository, Digest::parse(&job.target)) else {
+                return JobOutcome::Failed(format!(
+                    "{:?} in {:?} is not an artifact to seal",
+                    job.target,
+                    job.scope()
+                ));
             };
-            match seal(state, &job.repository, &subject).await {
+            match seal(state, repo, &subject).await {
                 Ok(volume) => JobOutcome::Done(volume.to_string()),
                 Err(e) if e.is_transient() => JobOutcome::Retry {
                     error: error_chain(&e),
@@ -174,6 +179,12 @@ async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
                 error: error_chain(&e),
                 not_before: now_millis() + 1000 * (1 << job.attempts.clamp(1, 4)),
             },
+            Err(e) => JobOutcome::Failed(error_chain(&e)),
+        },
+        // A pass that fails is not tried again here: the next one, scheduled or asked for,
+        // starts from whatever this one left.
+        GC_JOB => match crate::gc::collect(state, false, Some(job)).await {
+            Ok(report) => JobOutcome::Done(serde_json::to_string(&report).unwrap_or_default()),
             Err(e) => JobOutcome::Failed(error_chain(&e)),
         },
         other => JobOutcome::Failed(format!("unknown job kind {other:?}")),

@@ -16,6 +16,9 @@ pub enum Endpoint {
     Catalog,
     /// `/v2/_vial/gc`: a garbage collection pass now (extension, administrators only).
     Gc,
+    /// `/v2/_vial/gc/<id>`: a garbage collection pass that runs as a job (extension,
+    /// administrators only).
+    GcJob(String),
     /// `/v2/<name>/manifests/<reference>`
     Manifest(RepoName, Target),
     /// `/v2/<name>/manifests/<reference>` where the reference is neither a tag nor a digest: it
@@ -61,7 +64,7 @@ impl Endpoint {
         match self {
             Endpoint::Base => "base",
             Endpoint::Catalog => "catalog",
-            Endpoint::Gc => "vial_gc",
+            Endpoint::Gc | Endpoint::GcJob(..) => "vial_gc",
             Endpoint::Manifest(..) | Endpoint::BadManifestReference(..) => "manifest",
             Endpoint::Blob(..) => "blob",
             Endpoint::UploadStart(..) => "upload_start",
@@ -94,6 +97,11 @@ pub fn parse(path: &str) -> Option<Result<Endpoint, ApiError>> {
     }
     if rest == "_vial/gc" {
         return Some(Ok(Endpoint::Gc));
+    }
+    if let Some(id) = rest.strip_prefix("_vial/gc/") {
+        if !id.is_empty() && !id.contains('/') {
+            return Some(Ok(Endpoint::GcJob(id.to_owned())));
+        }
     }
     let segments: Vec<&str> = rest.split('/').collect();
     let parsed = match segments.as_slice() {

@@ -26,6 +26,40 @@ pub struct SyncRequest {
     pub plain_http: bool,
 }
 
+/// How long one request for a garbage collection job's state waits for it to finish.
+const GC_WAIT: Duration = Duration::from_secs(25);
+
+/// A garbage collection pass that runs as a job on the registry.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct GcJob {
+    pub id: String,
+    /// `queued`, `running`, `done` or `failed`.
+    pub state: String,
+    /// What the pass reclaimed, once done; what it has reclaimed so far while it runs.
+    pub report: Option<serde_json::Value>,
+    pub error: Option<String>,
+}
+
+impl GcJob {
+    pub fn finished(&self) -> bool {
+        matches!(self.state.as_str(), "done" | "failed")
+    }
+
+    /// The finished pass's report, or why it failed.
+    pub fn outcome(self) -> Result<serde_json::Value, ClientError> {
+        match (self.state.as_str(), self.report) {
+            ("done", Some(report)) => Ok(report),
+            _ => Err(ClientError::Invalid(format!(
+                "the garbage collection pass {} failed: {}",
+                self.id,
+                self.error
+                    .as_deref()
+                    .unwrap_or("the registry gave no reason")
+            ))),
+        }
+    }
+}
+
 /// A sync job as vial's sync extension reports it.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -202,17 +236,41 @@ impl Registry {
     }
 
     /// Asks a vial registry for a garbage collection pass now (administrators only) and returns
-    /// its report as JSON.
+    /// its report as JSON: dry, what a pass would reclaim; otherwise what the pass reclaimed,
+    /// following its job to the end.
     pub async fn gc(&self, dry_run: bool) -> Result<serde_json::Value, ClientError> {
+        if dry_run {
+            let r = self.gc_request(true, Duration::ZERO).await?;
+            return r.json().await.map_err(|e| self.transport(e));
+        }
+        let mut job = self.gc_start(GC_WAIT).await?;
+        while !job.finished() {
+            job = self.gc_status(&job.id, GC_WAIT).await?;
+        }
+        job.outcome()
+    }
+
+    /// Queues a garbage collection pass as a job (or joins the one queued or running) and
+    /// returns where it is once it finishes or `wait` (at most 30 s) passes.
+    pub async fn gc_start(&self, wait: Duration) -> Result<GcJob, ClientError> {
+        let r = self.gc_request(false, wait).await?;
+        r.json().await.map_err(|e| self.transport(e))
+    }
+
+    async fn gc_request(
+        &self,
+        dry_run: bool,
+        wait: Duration,
+    ) -> Result<reqwest::Response, ClientError> {
         let url = self.url(&format!(
-            "/v2/_vial/gc{}",
-            if dry_run { "?dry-run=true" } else { "" }
+            "/v2/_vial/gc?dry-run={dry_run}&wait={}",
+            wait.as_secs_f64()
         ));
         let r = self
             .send("registry:catalog:*", "garbage collection", |c| c.post(&url))
             .await?;
         match r.status() {
-            StatusCode::OK => r.json().await.map_err(|e| self.transport(e)),
+            StatusCode::OK | StatusCode::ACCEPTED => Ok(r),
             StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
                 Err(ClientError::Invalid(format!(
                     "{} does not offer garbage collection (not a vial registry?)",
@@ -220,6 +278,25 @@ impl Registry {
                 )))
             }
             _ => Err(self.error(r, "garbage collection").await),
+        }
+    }
+
+    /// A garbage collection job; with `wait`, the registry answers once it finishes or that much
+    /// time (at most 30 s) passes.
+    pub async fn gc_status(&self, id: &str, wait: Duration) -> Result<GcJob, ClientError> {
+        let url = self.url(&format!("/v2/_vial/gc/{id}?wait={}", wait.as_secs_f64()));
+        let r = self
+            .send("registry:catalog:*", "garbage collection status", |c| {
+                c.get(&url)
+            })
+            .await?;
+        match r.status() {
+            StatusCode::OK | StatusCode::ACCEPTED => r.json().await.map_err(|e| self.transport(e)),
+            StatusCode::NOT_FOUND => Err(ClientError::NotFound(format!(
+                "garbage collection job {id} on {}",
+                self.host()
+            ))),
+            _ => Err(self.error(r, &format!("garbage collection job {id}")).await),
         }
     }
 

@@ -17,7 +17,7 @@ mod mirror;
 mod watch;
 
 pub use extensions::{
-    LeaseInfo, RestoreReport, SealStatus, SyncJob, SyncProgress, SyncRequest, TagEventInfo,
+    GcJob, LeaseInfo, RestoreReport, SealStatus, SyncJob, SyncProgress, SyncRequest, TagEventInfo,
     VersionInfo,
 };
 pub use mirror::Mirror;

@@ -188,7 +188,7 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
     match endpoint {
         Endpoint::Base => Need::SignedIn,
         Endpoint::Catalog => Need::Catalog,
-        Endpoint::Gc => Need::SignedIn,
+        Endpoint::Gc | Endpoint::GcJob(_) => Need::SignedIn,
         Endpoint::Manifest(r, _) | Endpoint::BadManifestReference(r, _) | Endpoint::Blob(r, _)
             if *method == Method::DELETE =>
         {
@@ -392,17 +392,13 @@ async fn handle(
         (Endpoint::Base, Method::GET | Method::HEAD) => Ok(StatusCode::OK.into_response()),
         (Endpoint::Catalog, Method::GET) => listing::catalog(state, &req).await,
         (Endpoint::Gc, Method::POST) => {
-            if let (Some(auth), Some(subject)) = (&state.auth, &req.subject) {
-                if !auth.may_delete_everything(subject) {
-                    return Err(ApiError::new(
-                        StatusCode::FORBIDDEN,
-                        ErrorCode::Denied,
-                        format!("{subject} may not run garbage collection: it needs delete on every repository"),
-                    ));
-                }
-            }
+            may_collect(state, &req)?;
             let dry_run = matches!(req.query.get("dry-run"), Some("true" | "1"));
-            vial::gc(state, dry_run).await
+            vial::gc(state, dry_run, req.query.get("wait")).await
+        }
+        (Endpoint::GcJob(id), Method::GET) => {
+            may_collect(state, &req)?;
+            vial::gc_status(state, &id, req.query.get("wait")).await
         }
         (Endpoint::TagsList(repo), Method::GET) => listing::tags(state, &repo, &req).await,
         (Endpoint::Referrers(repo, digest), Method::GET) => {
@@ -498,6 +494,22 @@ async fn handle(
 }
 
 /// A JSON answer.
+/// Garbage collection is for whoever may delete in every repository (anyone, without auth).
+fn may_collect(state: &AppState, req: &Request) -> Result<(), ApiError> {
+    if let (Some(auth), Some(subject)) = (&state.auth, &req.subject) {
+        if !auth.may_delete_everything(subject) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                ErrorCode::Denied,
+                format!(
+                    "{subject} may not run garbage collection: it needs delete on every repository"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut r = (status, body).into_response();

@@ -42,7 +42,7 @@ struct SyncView<'a> {
 fn view(job: &Job) -> SyncView<'_> {
     SyncView {
         id: &job.id,
-        repository: job.repository.as_str(),
+        repository: job.scope(),
         spec: job
             .spec
             .as_deref()
@@ -102,7 +102,10 @@ pub(super) async fn sync_start(
     }
     spec.requested_by = subject.map(str::to_owned);
     let spec_json = serde_json::to_string(&spec).unwrap_or_default();
-    let job = state.meta.create_job(SYNC_JOB, repo, &spec_json).await?;
+    let job = state
+        .meta
+        .create_job(SYNC_JOB, Some(repo), &spec_json)
+        .await?;
     tracing::info!(%repo, job = %job.id, source = %spec.source, tag = %spec.tag, by = subject.unwrap_or("anonymous"), "sync queued");
     if !state.config.run_jobs {
         tracing::info!(job = %job.id, "sync queued for a replica that runs jobs");
@@ -126,7 +129,7 @@ async fn find(state: &AppState, repo: &RepoName, id: &str) -> Result<Job, ApiErr
         .meta
         .job_by_id(id)
         .await?
-        .filter(|j| j.kind == SYNC_JOB && &j.repository == repo)
+        .filter(|j| j.kind == SYNC_JOB && j.repository.as_ref() == Some(repo))
         .ok_or_else(|| {
             ApiError::not_found(
                 ErrorCode::NameUnknown,

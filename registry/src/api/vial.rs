@@ -495,20 +495,97 @@ pub(super) async fn tag_watch(
     Ok(response)
 }
 
-/// `POST /v2/_vial/gc[?dry-run=true]`: a garbage collection pass now; answers what it reclaimed
-/// (or, dry, what it would). The pass runs on its own task, so it finishes even if the client
-/// goes away before the answer.
-pub(super) async fn gc(state: &Arc<AppState>, dry_run: bool) -> Result<Response, ApiError> {
-    let state = Arc::clone(state);
-    let pass = tokio::spawn(async move { crate::gc::collect(&state, dry_run).await });
-    let report = pass.await.map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            format!("the collection pass failed: {e}"),
-        )
-    })??;
-    Ok(super::json(StatusCode::OK, &report))
+/// A garbage collection job as the API shows it: `report` is what the pass reclaimed once it is
+/// done, and what it has reclaimed so far while it runs.
+#[derive(Serialize)]
+struct GcJobView<'a> {
+    id: &'a str,
+    state: JobState,
+    report: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    attempts: i64,
+    created_at: i64,
+    updated_at: i64,
+}
+
+fn gc_job_response(job: &Job) -> Response {
+    let finished = matches!(job.state, JobState::Done | JobState::Failed);
+    let report = if job.state == JobState::Done {
+        &job.result
+    } else {
+        &job.progress
+    };
+    let view = GcJobView {
+        id: &job.id,
+        state: job.state,
+        report: report.as_deref().and_then(|r| serde_json::from_str(r).ok()),
+        error: job.error.as_deref(),
+        attempts: job.attempts,
+        created_at: job.created_at,
+        updated_at: job.updated_at,
+    };
+    let status = if finished {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let mut response = super::json(status, &view);
+    super::set_header(
+        &mut response,
+        "location",
+        &format!("/v2/_vial/gc/{}", job.id),
+    );
+    response
+}
+
+/// `POST /v2/_vial/gc[?dry-run=true][&wait=SECONDS]`: a garbage collection pass now. Dry, the
+/// answer is what a pass would reclaim. Otherwise the pass is a job (the one already queued or
+/// running, if there is one) that runs to the end whoever waits for it: the answer is 200 with
+/// its report if it finished within `wait` (at most 30 s), else 202 with where it is and, in
+/// `Location`, where to follow it.
+pub(super) async fn gc(
+    state: &Arc<AppState>,
+    dry_run: bool,
+    wait: Option<&str>,
+) -> Result<Response, ApiError> {
+    if dry_run {
+        let report = crate::gc::collect(state, true, None).await?;
+        return Ok(super::json(StatusCode::OK, &report));
+    }
+    // Refused at once, rather than queued to fail.
+    if let Some(why) = state.meta.gc_blocker().await? {
+        return Err(crate::storage::StorageError::NotReady(why).into());
+    }
+    let queued = crate::gc::start(state).await?;
+    if !state.config.run_jobs {
+        tracing::info!(job = %queued.id, "garbage collection queued for a replica that runs jobs");
+    }
+    gc_status(state, &queued.id, wait).await
+}
+
+/// `GET /v2/_vial/gc/<id>[?wait=SECONDS]`: where a garbage collection job is; with `wait`,
+/// answered when it finishes or the wait (at most 30 s) ends.
+pub(super) async fn gc_status(
+    state: &AppState,
+    id: &str,
+    wait: Option<&str>,
+) -> Result<Response, ApiError> {
+    let job = await_job(state, wait, || async {
+        state
+            .meta
+            .job_by_id(id)
+            .await?
+            .filter(|j| j.kind == crate::gc::GC_JOB)
+            .ok_or_else(|| {
+                ApiError::not_found(
+                    ErrorCode::NameUnknown,
+                    format!("no garbage collection job {id}"),
+                )
+            })
+    })
+    .await?;
+    Ok(gc_job_response(&job))
 }
 
 #[cfg(test)]

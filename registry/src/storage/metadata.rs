@@ -276,7 +276,9 @@ impl JobState {
 pub struct Job {
     pub id: String,
     pub kind: String,
-    pub repository: RepoName,
+    /// The repository the job works in; `None` for a job over the whole registry (a garbage
+    /// collection pass).
+    pub repository: Option<RepoName>,
     pub target: String,
     pub state: JobState,
     /// What a finished job produced (a sealed volume's digest).
@@ -291,6 +293,13 @@ pub struct Job {
     pub spec: Option<String>,
     /// What the job has done so far (JSON), for status reports and resuming.
     pub progress: Option<String>,
+}
+
+impl Job {
+    /// The job's repository, or `-` for a job over the whole registry: for logs and pages.
+    pub fn scope(&self) -> &str {
+        self.repository.as_ref().map_or("-", RepoName::as_str)
+    }
 }
 
 /// A file a job has finished: which copy of it was read, and what came of it (JSON).
@@ -760,13 +769,17 @@ pub trait JobMeta: Send + Sync {
         lease_millis: i64,
     ) -> Result<bool, StorageError>;
 
-    /// Creates a job that is its own target (each sync is a new job) with its spec, queued.
+    /// Creates a job that is its own target (each sync is a new job) with its spec, queued;
+    /// `repo` is `None` for a job over the whole registry.
     async fn create_job(
         &self,
         kind: &str,
-        repo: &RepoName,
+        repo: Option<&RepoName>,
         spec: &str,
     ) -> Result<Job, StorageError>;
+
+    /// The oldest job of `kind` over the whole registry that is queued or running.
+    async fn unfinished_registry_job(&self, kind: &str) -> Result<Option<Job>, StorageError>;
 
     async fn job_by_id(&self, id: &str) -> Result<Option<Job>, StorageError>;
 

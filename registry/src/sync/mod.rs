@@ -265,6 +265,10 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
     let spec: SyncSpec = serde_json::from_str(job.spec.as_deref().unwrap_or(""))
         .map_err(|e| SyncError::Invalid(format!("the job's spec cannot be read: {e}")))?;
     let source = check_spec(state, &spec).map_err(|e| SyncError::Invalid(e.to_string()))?;
+    let repo = job
+        .repository
+        .clone()
+        .ok_or_else(|| SyncError::Invalid("the sync job names no repository".into()))?;
     let tag = Tag::parse(&spec.tag).map_err(|e| SyncError::Invalid(e.to_string()))?;
     let entry = state
         .config
@@ -281,10 +285,11 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
         job: job.clone(),
         progress: Mutex::new(progress),
         publish: Publish {
-            precondition: precondition_for(state, &job.repository, &tag),
+            precondition: precondition_for(state, &repo, &tag),
             tags: vec![tag],
             by: spec.requested_by.clone(),
         },
+        repo,
     };
     // A new attempt reads again whatever the last one had read.
     run.progress().bytes_read = 0;
@@ -328,11 +333,13 @@ struct Run {
     job: Job,
     progress: Mutex<SyncProgress>,
     publish: Publish,
+    /// The job's repository.
+    repo: RepoName,
 }
 
 impl Run {
     fn repo(&self) -> &RepoName {
-        &self.job.repository
+        &self.repo
     }
 
     fn progress(&self) -> std::sync::MutexGuard<'_, SyncProgress> {

@@ -1,4 +1,4 @@
-//! Sync and seal jobs with their progress, and what storage holds against what versions reference.
+//! Sync, seal and garbage collection jobs with their progress, and what storage holds against what versions reference.
 
 use maud::{html, Markup};
 use vial_core::volume::VOLUME_ARTIFACT_TYPE;
@@ -7,6 +7,7 @@ use vial_core::RepoName;
 use super::layout::{self, bytes, short, time};
 use super::{repo_url, Viewer};
 use crate::error::ApiError;
+use crate::gc::GC_JOB;
 use crate::seal::SEAL_JOB;
 use crate::storage::{Job, JobState};
 use crate::sync::SYNC_JOB;
@@ -27,6 +28,9 @@ fn progress(job: &Job) -> String {
         return String::new();
     };
     let n = |k: &str| p.get(k).and_then(|v| v.as_u64());
+    if job.kind == GC_JOB {
+        return gc_summary(&p);
+    }
     match (
         n("files-done"),
         n("files-total"),
@@ -47,6 +51,18 @@ fn progress(job: &Job) -> String {
     }
 }
 
+/// What a garbage collection pass reclaimed, from its report (or its progress so far).
+fn gc_summary(report: &serde_json::Value) -> String {
+    let n = |k: &str| report.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    format!(
+        "{} blobs and {} packs, {}; {} candidates looked at",
+        n("blobs"),
+        n("packs"),
+        bytes(n("bytes")),
+        n("examined")
+    )
+}
+
 fn state_class(state: JobState) -> &'static str {
     match state {
         JobState::Done => "added",
@@ -65,14 +81,21 @@ fn jobs_table(jobs: &[Job], with_repository: bool) -> Markup {
             @for j in jobs {
                 tr {
                     td { (j.kind) }
-                    @if with_repository { td { a href=(repo_url(&j.repository, "")) { (j.repository) } } }
+                    @if with_repository { td { @match &j.repository {
+                        Some(r) => a href=(repo_url(r, "")) { (r) },
+                        None => span.muted { "every repository" },
+                    } } }
                     td.mono { (if j.kind == SEAL_JOB { short(&j.target) } else { j.target.clone() }) }
                     td class=(state_class(j.state)) { (j.state.as_str()) }
                     td { (progress(j)) }
                     td.wide { (time(j.updated_at)) }
                     td {
-                        @if let Some(r) = &j.result {
-                            a.mono href=(repo_url(&j.repository, &format!("v/{r}"))) { (short(r)) }
+                        @match (&j.result, &j.repository) {
+                            (Some(r), _) if j.kind == GC_JOB => {
+                                (serde_json::from_str(r).map(|v| gc_summary(&v)).unwrap_or_default())
+                            }
+                            (Some(r), Some(repo)) => a.mono href=(repo_url(repo, &format!("v/{r}"))) { (short(r)) },
+                            _ => {}
                         }
                         @if let Some(e) = &j.error { span.error { (e) } }
                     }
@@ -101,21 +124,24 @@ pub(super) async fn repository_jobs(state: &AppState, repo: &RepoName) -> Result
     })
 }
 
-/// `/ui/jobs`: recent sync and seal jobs of the repositories the viewer may see; the page reloads
-/// itself while one is in progress.
+/// `/ui/jobs`: recent jobs of the repositories the viewer may see (and garbage collection passes,
+/// to those who see everything); the page reloads itself while one is in progress.
 pub(super) async fn jobs(state: &AppState, viewer: &Viewer) -> Result<Markup, ApiError> {
     let jobs: Vec<Job> = state
         .meta
         .recent_jobs(JOBS_SHOWN * 4)
         .await?
         .into_iter()
-        .filter(|j| state.ui_may_pull(viewer, j.repository.as_str()))
+        .filter(|j| match &j.repository {
+            Some(repo) => state.ui_may_pull(viewer, repo.as_str()),
+            None => state.ui_sees_everything(viewer),
+        })
         .take(JOBS_SHOWN as usize)
         .collect();
     let live = running(&jobs);
     let body = html! {
         h1 { "Jobs" }
-        @if jobs.is_empty() { p.muted { "No sync or seal jobs to show." } }
+        @if jobs.is_empty() { p.muted { "No sync, seal or garbage collection jobs to show." } }
         @else {
             @if live { p.muted { "Jobs are running: this page refreshes every " (REFRESH_SECONDS) " s." } }
             (jobs_table(&jobs, true))

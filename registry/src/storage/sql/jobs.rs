@@ -14,7 +14,8 @@ fn job_from_row(row: &AnyRow) -> Result<Job, StorageError> {
     Ok(Job {
         id: row.try_get("id")?,
         kind: row.try_get("kind")?,
-        repository: parse_repo(&repo)?,
+        // Jobs over the whole registry are stored with an empty repository.
+        repository: (!repo.is_empty()).then(|| parse_repo(&repo)).transpose()?,
         target: row.try_get("target")?,
         state: JobState::parse(&state)
             .ok_or_else(|| StorageError::Corrupt(format!("stored job state {state:?}")))?,
@@ -152,7 +153,7 @@ impl JobMeta for SqlMetadataStore {
     async fn create_job(
         &self,
         kind: &str,
-        repo: &RepoName,
+        repo: Option<&RepoName>,
         spec: &str,
     ) -> Result<Job, StorageError> {
         let id = uuid::Uuid::new_v4().to_string();
@@ -163,12 +164,24 @@ impl JobMeta for SqlMetadataStore {
         ))
         .bind(&id)
         .bind(kind)
-        .bind(repo.as_str())
+        .bind(repo.map_or("", RepoName::as_str))
         .bind(spec)
         .bind(now_millis())
         .fetch_one(&self.writer)
         .await?;
         job_from_row(&row)
+    }
+
+    async fn unfinished_registry_job(&self, kind: &str) -> Result<Option<Job>, StorageError> {
+        let row = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs
+              WHERE kind = $1 AND repository = '' AND state IN ('queued', 'running')
+              ORDER BY created_at, id LIMIT 1"
+        ))
+        .bind(kind)
+        .fetch_optional(&self.writer)
+        .await?;
+        row.as_ref().map(job_from_row).transpose()
     }
 
     async fn job_by_id(&self, id: &str) -> Result<Option<Job>, StorageError> {

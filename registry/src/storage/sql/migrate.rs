@@ -110,7 +110,7 @@ pub(super) async fn migrate(pool: &AnyPool, dialect: Dialect) -> Result<(), Stor
             .execute(&mut *conn)
             .await?;
     }
-    let result = apply_migrations(&mut conn, dialect).await;
+    let result = apply_migrations(&mut conn, dialect, i64::MAX).await;
     if dialect == Dialect::Postgres {
         sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(MIGRATION_LOCK)
@@ -120,9 +120,11 @@ pub(super) async fn migrate(pool: &AnyPool, dialect: Dialect) -> Result<(), Stor
     result
 }
 
+/// Applies every migration up to version `through` that is not applied yet.
 async fn apply_migrations(
     conn: &mut sqlx::AnyConnection,
     dialect: Dialect,
+    through: i64,
 ) -> Result<(), StorageError> {
     let migrations = match dialect {
         Dialect::Sqlite => SQLITE_MIGRATIONS,
@@ -133,7 +135,7 @@ async fn apply_migrations(
     )
     .execute(&mut *conn)
     .await?;
-    for (version, name, sql) in migrations {
+    for (version, name, sql) in migrations.iter().filter(|(v, ..)| *v <= through) {
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let applied: Option<i64> =
             sqlx::query_scalar("SELECT version FROM vial_migrations WHERE version = $1")
@@ -155,4 +157,171 @@ async fn apply_migrations(
         tx.commit().await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::SqlMetadataStore;
+    use super::*;
+    use sqlx::any::AnyPoolOptions;
+    use sqlx::Row;
+
+    const INDEX: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const CHILD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+    const LISTED: [&str; 2] = [
+        "sha256:3333333333333333333333333333333333333333333333333333333333333333",
+        "sha256:4444444444444444444444444444444444444444444444444444444444444444",
+    ];
+    const LOOSE: &str = "sha256:5555555555555555555555555555555555555555555555555555555555555555";
+
+    /// Rows as vial wrote them before migration 8: a manifest listing two blobs and a child
+    /// manifest, and a blob nothing lists.
+    async fn seed_version_7(url: &str, dialect: Dialect) {
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        apply_migrations(&mut conn, dialect, 7).await.unwrap();
+        let run = |sql: &'static str| sqlx::query(sql);
+        run("INSERT INTO repositories (id, name, created_at) VALUES (1, 'a/b', 0)")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for digest in LISTED.iter().chain([&LOOSE]) {
+            run("INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 10, 0, 0)")
+                .bind(*digest)
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+        }
+        for digest in [INDEX, CHILD] {
+            run("INSERT INTO manifests (repository_id, digest, media_type, size, content, created_at)
+                 VALUES (1, $1, 'application/vnd.oci.image.manifest.v1+json', 2, $2, 0)")
+            .bind(digest)
+            .bind(b"{}".to_vec())
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
+        let references = LISTED.iter().map(|d| (*d, false)).chain([(CHILD, true)]);
+        for (target, is_manifest) in references {
+            run("INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
+                 VALUES (1, $1, $2, $3)")
+            .bind(INDEX)
+            .bind(target)
+            .bind(is_manifest)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
+        run("DELETE FROM gc_candidates")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+
+    /// After migration 8 the same references are there, as ids, and behave as before.
+    async fn check_upgraded(store: &SqlMetadataStore) {
+        let db = &store.writer;
+        let count = |sql: &'static str| async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(db)
+                .await
+                .unwrap()
+        };
+        assert_eq!(count("SELECT count(*) FROM manifest_blobs").await, 2);
+        assert_eq!(
+            count("SELECT count(*) FROM manifest_blobs r JOIN blobs b ON b.id = r.blob_id
+                    JOIN manifests m ON m.id = r.manifest_id
+                   WHERE b.digest <> 'sha256:5555555555555555555555555555555555555555555555555555555555555555'
+                     AND m.digest = 'sha256:1111111111111111111111111111111111111111111111111111111111111111'")
+            .await,
+            2,
+            "the references name the listed blobs and the manifest that lists them"
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM manifest_references").await,
+            1,
+            "only the child manifest stays as a text reference"
+        );
+        // Every row has an id; a new one gets a fresh one.
+        sqlx::query(
+            "INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 1, 0, 0)",
+        )
+        .bind("sha256:6666666666666666666666666666666666666666666666666666666666666666")
+        .execute(db)
+        .await
+        .unwrap();
+        assert_eq!(count("SELECT count(DISTINCT id) FROM blobs").await, 4);
+        assert_eq!(
+            count("SELECT count(*) FROM blobs WHERE id IS NULL").await,
+            0
+        );
+        // A listed blob's row cannot go while the manifest lists it.
+        let refused = sqlx::query("DELETE FROM blobs WHERE digest = $1")
+            .bind(LISTED[0])
+            .execute(db)
+            .await;
+        assert!(refused.is_err(), "a referenced blob row was deleted");
+        // Removing the manifest removes its references and queues what they listed.
+        sqlx::query("DELETE FROM gc_candidates")
+            .execute(db)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM manifests WHERE digest = $1")
+            .bind(INDEX)
+            .execute(db)
+            .await
+            .unwrap();
+        assert_eq!(count("SELECT count(*) FROM manifest_blobs").await, 0);
+        let queued: Vec<String> = sqlx::query("SELECT digest FROM gc_candidates ORDER BY digest")
+            .fetch_all(db)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<String, _>(0))
+            .collect();
+        assert_eq!(queued, LISTED);
+    }
+
+    #[tokio::test]
+    async fn migration_8_keeps_every_reference_on_sqlite() {
+        sqlx::any::install_default_drivers();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.db");
+        seed_version_7(
+            &format!("sqlite://{}?mode=rwc", path.display()),
+            Dialect::Sqlite,
+        )
+        .await;
+        let store = SqlMetadataStore::open_sqlite(&path).await.unwrap();
+        check_upgraded(&store).await;
+    }
+
+    /// On the PostgreSQL server `VIAL_TEST_POSTGRES_URL` names, in a database of its own
+    /// (scripts/test-all runs it so); without one, there is nothing to run it on.
+    #[tokio::test]
+    async fn migration_8_keeps_every_reference_on_postgres() {
+        let Ok(server) = std::env::var("VIAL_TEST_POSTGRES_URL") else {
+            eprintln!("SKIP: VIAL_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        sqlx::any::install_default_drivers();
+        let name = format!("vial_upgrade_{}", uuid::Uuid::new_v4().simple());
+        let admin = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&format!("{server}/postgres"))
+            .await
+            .unwrap();
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let url = format!("{server}/{name}");
+        seed_version_7(&url, Dialect::Postgres).await;
+        let store = SqlMetadataStore::open_postgres(&url).await.unwrap();
+        check_upgraded(&store).await;
+    }
 }
