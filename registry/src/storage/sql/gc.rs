@@ -101,7 +101,7 @@ impl SqlMetadataStore {
     }
 
     /// Adds to `estimate` the blobs of `batch` that are garbage once the `doomed` manifests (a
-    /// [`text_list`] of `repository id:digest`) are gone, counting in `freed` the chunks of each
+    /// [`text_list`] of their ids) are gone, counting in `freed` the chunks of each
     /// pack that go.
     async fn estimate_blobs(
         &self,
@@ -118,10 +118,9 @@ impl SqlMetadataStore {
         let rows = sqlx::query(&format!(
             "SELECT {GARBAGE} FROM blobs b
               WHERE b.digest IN (SELECT value FROM {}) AND b.touched_at < $2
-                AND NOT EXISTS (SELECT 1 FROM manifest_blobs r JOIN manifests m ON m.id = r.manifest_id
+                AND NOT EXISTS (SELECT 1 FROM manifest_blobs r
                                  WHERE r.blob_id = b.id
-                                   AND NOT (CAST(m.repository_id AS TEXT) || ':' || m.digest)
-                                       IN (SELECT value FROM {}))
+                                   AND NOT r.manifest_id IN (SELECT CAST(value AS BIGINT) FROM {}))
                 AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)",
             self.dialect.text_set("$1"),
             self.dialect.text_set("$3"),
@@ -577,8 +576,34 @@ impl GcMeta for SqlMetadataStore {
         touched_before: i64,
         created_before: i64,
     ) -> Result<GcEstimate, StorageError> {
-        let doomed = self.doomed_manifests(purged).await?;
-        let doomed_set = text_list(doomed.iter().map(String::as_str));
+        // The manifests that go, by id, and the blobs they reference that are not queued yet
+        // (their rows go, and the trigger queues them, during the pass).
+        let mut doomed_ids: Vec<String> = Vec::new();
+        let mut unqueued: HashSet<String> = HashSet::new();
+        for key in self.doomed_manifests(purged).await? {
+            let Some((repo_id, digest)) = key.split_once(':') else {
+                continue;
+            };
+            let id: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM manifests WHERE repository_id = $1 AND digest = $2",
+            )
+            .bind(repo_id.parse::<i64>().unwrap_or(-1))
+            .bind(digest)
+            .fetch_optional(&self.reader)
+            .await?;
+            let Some(id) = id else { continue };
+            let targets: Vec<String> = sqlx::query_scalar(
+                "SELECT b.digest FROM manifest_blobs r JOIN blobs b ON b.id = r.blob_id
+                  WHERE r.manifest_id = $1
+                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.digest = b.digest)",
+            )
+            .bind(id)
+            .fetch_all(&self.reader)
+            .await?;
+            unqueued.extend(targets);
+            doomed_ids.push(id.to_string());
+        }
+        let doomed_set = text_list(doomed_ids.iter().map(String::as_str));
         let mut estimate = GcEstimate::default();
         let mut freed: HashMap<String, u64> = HashMap::new();
         // The candidates a pass would look at: the queued ones, a page at a time...
@@ -600,26 +625,7 @@ impl GcMeta for SqlMetadataStore {
                 None => break,
             }
         }
-        // ...and the blobs the purged manifests reference that are not queued yet (their rows
-        // go, and the trigger queues them, during the pass).
-        let mut unqueued: HashSet<String> = HashSet::new();
-        for key in &doomed {
-            let Some((id, digest)) = key.split_once(':') else {
-                continue;
-            };
-            let targets: Vec<String> = sqlx::query_scalar(
-                "SELECT b.digest FROM manifests m
-                   JOIN manifest_blobs r ON r.manifest_id = m.id
-                   JOIN blobs b ON b.id = r.blob_id
-                  WHERE m.repository_id = $1 AND m.digest = $2
-                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.digest = b.digest)",
-            )
-            .bind(id.parse::<i64>().unwrap_or(-1))
-            .bind(digest)
-            .fetch_all(&self.reader)
-            .await?;
-            unqueued.extend(targets);
-        }
+        // ...and the unqueued ones.
         let unqueued: Vec<String> = unqueued.into_iter().collect();
         for batch in unqueued.chunks(ESTIMATE_BATCH as usize) {
             self.estimate_blobs(
