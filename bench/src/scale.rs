@@ -24,7 +24,7 @@ pub struct ScaleArgs {
     /// The `vial` binary to benchmark.
     #[arg(long)]
     pub vial: PathBuf,
-    /// Blob rows to grow the store to, one run each.
+    /// Blob rows to grow the store to, one run each (comma-separated: 100000,1000000,10000000).
     #[arg(long, value_delimiter = ',', default_values_t = [100_000u64, 1_000_000])]
     pub blobs: Vec<u64>,
     /// Versions per volume.
