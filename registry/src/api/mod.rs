@@ -493,7 +493,6 @@ async fn handle(
     }
 }
 
-/// A JSON answer.
 /// Garbage collection is for whoever may delete in every repository (anyone, without auth).
 fn may_collect(state: &AppState, req: &Request) -> Result<(), ApiError> {
     if let (Some(auth), Some(subject)) = (&state.auth, &req.subject) {
@@ -510,6 +509,7 @@ fn may_collect(state: &AppState, req: &Request) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A JSON answer.
 pub(crate) fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut r = (status, body).into_response();
