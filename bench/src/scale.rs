@@ -45,6 +45,14 @@ pub struct ScaleArgs {
     /// Write all figures to this file as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Log every statement of the GC pass after the deletions and print where its database time
+    /// went, by statement (slows that pass a little).
+    #[arg(long)]
+    pub statement_log: bool,
+    /// Leave the last size's PostgreSQL running with its data, to examine plans afterwards
+    /// (its URL is printed; stop it with `pg_ctl -D DIR/pg stop`).
+    #[arg(long)]
+    pub keep: bool,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -106,7 +114,7 @@ fn load_sql(args: &ScaleArgs, volumes: u64) -> String {
          INSERT INTO blobs (id, digest, size, created_at, touched_at) SELECT bid, digest, 1048576, 0, 0 FROM chunk;
          SELECT setval(pg_get_serial_sequence('blobs', 'id'), (SELECT max(id) FROM blobs));
          INSERT INTO repository_blobs (repository_id, digest, created_at) SELECT rid, digest, 0 FROM chunk;
-         INSERT INTO gc_candidates (digest) SELECT digest FROM chunk;
+         INSERT INTO gc_candidates (blob_id) SELECT bid FROM chunk;
          CREATE TEMP TABLE version AS
            SELECT r.id AS rid, v, k, 2 * row_number() OVER () AS pid,
                   'sha256:' || encode(sha256(convert_to('index ' || v || ' ' || k, 'UTF8')), 'hex') AS idx,
@@ -331,7 +339,20 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
     let (secs, dry) = gc(true).await?;
     run.dry_run_seconds = secs;
     run.dry_run_blobs = count(&dry, "blobs");
+    let log = dir.join("pg.log");
+    let logged_from = if args.statement_log {
+        psql(&url, "ALTER SYSTEM SET log_min_duration_statement = 0")?;
+        psql(&url, "SELECT pg_reload_conf()")?;
+        std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0)
+    } else {
+        0
+    };
     let (secs, pass) = gc(false).await?;
+    if args.statement_log {
+        psql(&url, "ALTER SYSTEM RESET log_min_duration_statement")?;
+        psql(&url, "SELECT pg_reload_conf()")?;
+        print_statement_log(&log, logged_from, secs)?;
+    }
     run.pass_seconds = secs;
     run.pass_blobs = count(&pass, "blobs");
     run.pass_examined = count(&pass, "examined");
@@ -350,9 +371,52 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
         run.table_mb.push((t.to_owned(), bytes / 1e6));
     }
     server.stop_and_delete()?;
-    drop(pg);
-    std::fs::remove_dir_all(&dir)?;
+    if args.keep && Some(&target) == args.blobs.last() {
+        eprintln!("vial-bench: scale: kept {} at {url}", dir.display());
+        std::mem::forget(pg);
+    } else {
+        drop(pg);
+        std::fs::remove_dir_all(&dir)?;
+    }
     Ok(run)
+}
+
+/// Sums the statement durations PostgreSQL logged in `log` after byte `from`, by statement
+/// (its first words, numbers and values elided), and prints the 12 that took longest.
+fn print_statement_log(log: &Path, from: u64, pass_seconds: f64) -> Result<()> {
+    let text = std::fs::read(log)?;
+    let text = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).into_owned();
+    let mut by_statement: std::collections::HashMap<String, (f64, u64)> = Default::default();
+    let mut total = 0.0;
+    for line in text.lines() {
+        let Some(rest) = line.split("duration: ").nth(1) else {
+            continue;
+        };
+        let Some((ms, statement)) = rest.split_once(" ms") else {
+            continue;
+        };
+        let Ok(ms) = ms.parse::<f64>() else { continue };
+        // "  parse <unnamed>: SELECT ..." / "  execute s3/p1: ..." / "  statement: ..."
+        let statement = statement.trim();
+        let (step, sql) = statement.split_once(": ").unwrap_or(("", statement));
+        let step = step.split_whitespace().next().unwrap_or("");
+        let sql: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        let key = format!("{step:8} {}", sql.chars().take(110).collect::<String>());
+        let e = by_statement.entry(key).or_default();
+        e.0 += ms;
+        e.1 += 1;
+        total += ms;
+    }
+    let mut rows: Vec<_> = by_statement.into_iter().collect();
+    rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+    eprintln!(
+        "vial-bench: scale: the pass took {pass_seconds:.2} s, {:.2} s of it in logged statements:",
+        total / 1000.0
+    );
+    for (statement, (ms, n)) in rows.iter().take(12) {
+        eprintln!("  {:9.1} ms {n:7}x  {statement}", ms);
+    }
+    Ok(())
 }
 
 pub async fn scale(args: ScaleArgs) -> Result<()> {
@@ -360,7 +424,7 @@ pub async fn scale(args: ScaleArgs) -> Result<()> {
         bail!("--versions must be at least 2, --chunks and --new-per-version at least 1");
     }
     let parent = args.workdir.clone().unwrap_or_else(servers::default_parent);
-    let work = servers::WorkDir::create(&parent, false)?;
+    let work = servers::WorkDir::create(&parent, args.keep)?;
     let mut runs = Vec::new();
     for &n in &args.blobs {
         runs.push(run_size(&args, n, &work.path).await?);

@@ -306,8 +306,6 @@ async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// Removes for good the deleted manifests whose repository's retention window has passed, and
-/// says how many.
 /// Deleted manifests past their repository's retention window: what [`purge_deleted`] removes.
 pub(crate) async fn expired_deleted(
     state: &AppState,
@@ -342,6 +340,10 @@ pub(crate) async fn expired_deleted(
     Ok(expired)
 }
 
+/// Expired deleted versions removed in one transaction: the references they drop are queued as
+/// candidates once per batch, not once per version.
+const PURGE_BATCH: usize = 100;
+
 /// Removes every deleted manifest past its retention window for good. Returns how many went.
 pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
     let expired = match expired_deleted(state).await {
@@ -352,15 +354,16 @@ pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
         }
     };
     let mut purged = 0;
-    for (repo, digest) in expired {
-        match state.meta.purge_manifest(&repo, &digest).await {
-            Ok(true) => {
-                purged += 1;
-                tracing::info!(%repo, %digest, "deleted manifest removed for good after its retention window")
+    for batch in expired.chunks(PURGE_BATCH) {
+        match state.meta.purge_manifests(batch).await {
+            Ok(gone) => {
+                for (repo, digest) in &gone {
+                    tracing::info!(%repo, %digest, "deleted manifest removed for good after its retention window");
+                }
+                purged += gone.len() as u64;
             }
-            Ok(false) => {}
             Err(e) => {
-                tracing::warn!(%repo, %digest, error = %error::error_chain(&e), "could not remove an expired deleted manifest")
+                tracing::warn!(versions = batch.len(), error = %error::error_chain(&e), "could not remove a batch of expired deleted manifests; the next pass tries again")
             }
         }
     }

@@ -430,6 +430,7 @@ pub struct Candidates<T> {
     /// How many candidates the batch looked at.
     pub examined: u64,
     pub ready: Vec<T>,
+    /// Opaque to the caller: passed back as `after` to read the next batch.
     pub next: Option<String>,
 }
 
@@ -471,7 +472,8 @@ pub trait GcMeta: Send + Sync {
     /// Why collection must not run, if it must not (an index it relies on is missing or invalid).
     async fn gc_blocker(&self) -> Result<Option<String>, StorageError>;
 
-    /// Looks at up to `limit` blob candidates after `after` (digest order): those referenced by a
+    /// Looks at up to `limit` blob candidates after `after` (the `next` of the batch before, or
+    /// `None` for the first): those referenced by a
     /// manifest (live or deleted), the source of a range chunk, or gone stop being candidates; those
     /// nothing references and nobody touched since `touched_before` are returned; the rest (touched
     /// recently) stay for a later pass.
@@ -602,9 +604,13 @@ pub trait ManifestMeta: Send + Sync {
         limit: u32,
     ) -> Result<Vec<(RepoName, Digest, i64)>, StorageError>;
 
-    /// Removes a deleted manifest for good (its tags and references go with it). Returns whether
-    /// it was there, still deleted.
-    async fn purge_manifest(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError>;
+    /// Removes deleted manifests for good, in one transaction (their tags and references go with
+    /// them, and so do the children no other manifest lists and no tag names). Returns those of
+    /// `versions` that were there, still deleted.
+    async fn purge_manifests(
+        &self,
+        versions: &[(RepoName, Digest)],
+    ) -> Result<Vec<(RepoName, Digest)>, StorageError>;
 
     /// Manifests in `repo` whose subject is `subject`, optionally only those of one artifact type.
     async fn referrers(

@@ -53,22 +53,46 @@ fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<_>>()).unwrap_or_default()
 }
 
+/// The SQL type of a candidate table's key column.
+fn key_type(column: &str) -> &'static str {
+    if column == "blob_id" {
+        "BIGINT"
+    } else {
+        "TEXT"
+    }
+}
+
+/// `$1` as a candidate table's key.
+fn key_param(column: &str) -> String {
+    format!("CAST($1 AS {})", key_type(column))
+}
+
+/// Where paging a candidate table's keys starts: before every blob id, before every pack id.
+fn first_key(column: &str) -> &'static str {
+    if column == "blob_id" {
+        "0"
+    } else {
+        ""
+    }
+}
+
 impl SqlMetadataStore {
-    /// The next `limit` candidates of `table` (its key `column`) after `after`, and where the
-    /// batch after them starts (`None`: this is the last).
+    /// The next `limit` keys of `table`'s candidates after `after` (`column` order), and where
+    /// the batch after them starts (`None`: this is the last).
     async fn candidate_batch(
         &self,
         table: &str,
         column: &str,
-        after: Option<&str>,
+        after: &str,
         limit: u32,
     ) -> Result<(Vec<String>, Option<String>), StorageError> {
         let batch: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT {column} FROM {table} WHERE {column} > $1 ORDER BY {column} LIMIT $2"
+            "SELECT CAST({column} AS TEXT) FROM {table} WHERE {column} > {} ORDER BY {column} LIMIT $2",
+            key_param(column)
         ))
-        .bind(after.unwrap_or(""))
+        .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(&self.writer)
+        .fetch_all(&self.reader)
         .await?;
         let next = (batch.len() as u32 == limit)
             .then(|| batch.last().cloned())
@@ -76,31 +100,33 @@ impl SqlMetadataStore {
         Ok((batch, next))
     }
 
-    /// Drops the candidates of `batch` that are `held` (something still references them) or not
-    /// `existing` any more from `table`.
+    /// Drops from `table` the candidates of `settled` (their key and the `queued` generation the
+    /// pass read them at) that were not queued again since: a reference removed meanwhile bumped
+    /// `queued`, so that candidate stays for the next pass.
     async fn drop_settled(
         &self,
-        tx: &mut Transaction<'_, Any>,
-        (table, column): (&str, &str),
-        batch: &[String],
-        held: &HashSet<&str>,
-        existing: &HashSet<String>,
+        table: &str,
+        column: &str,
+        settled: &[(String, i64)],
     ) -> Result<(), StorageError> {
-        let settled = batch
-            .iter()
-            .map(String::as_str)
-            .filter(|c| held.contains(c) || !existing.contains(*c));
+        if settled.is_empty() {
+            return Ok(());
+        }
+        let d = self.dialect;
         sqlx::query(&format!(
-            "DELETE FROM {table} WHERE {column} IN (SELECT value FROM {})",
-            self.dialect.text_set("$1")
+            "DELETE FROM {table} WHERE ({column}, queued) IN
+               (SELECT {}, {} FROM {})",
+            d.json_field("value", 0, key_type(column)),
+            d.json_field("value", 1, "BIGINT"),
+            d.json_rows("$1"),
         ))
-        .bind(text_list(settled))
-        .execute(&mut **tx)
+        .bind(serde_json::to_string(settled).unwrap_or_default())
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
 
-    /// Adds to `estimate` the blobs of `batch` that are garbage once the `doomed` manifests (a
+    /// Adds to `estimate` the blobs of `batch` (ids) that are garbage once the `doomed` manifests (a
     /// [`text_list`] of their ids) are gone, counting in `freed` the chunks of each
     /// pack that go.
     async fn estimate_blobs(
@@ -117,7 +143,7 @@ impl SqlMetadataStore {
         // Unreferenced once the doomed manifests are gone: every reference is from one.
         let rows = sqlx::query(&format!(
             "SELECT {GARBAGE} FROM blobs b
-              WHERE b.digest IN (SELECT value FROM {}) AND b.touched_at < $2
+              WHERE b.id IN (SELECT CAST(value AS BIGINT) FROM {}) AND b.touched_at < $2
                 AND NOT EXISTS (SELECT 1 FROM manifest_blobs r
                                  WHERE r.blob_id = b.id
                                    AND NOT r.manifest_id IN (SELECT CAST(value AS BIGINT) FROM {}))
@@ -197,22 +223,6 @@ impl SqlMetadataStore {
         Ok(())
     }
 
-    /// The values of the JSON array `$1` for which a row of `rows` (`TABLE alias WHERE …`, with
-    /// the value as `c.value`) exists, one such row taken `FOR SHARE` on PostgreSQL.
-    fn held_by(&self, rows: &str) -> String {
-        match self.dialect {
-            Dialect::Postgres => format!(
-                "SELECT c.value FROM json_array_elements_text(CAST($1 AS json)) AS c(value)
-                  CROSS JOIN LATERAL (SELECT 1 FROM {rows} LIMIT 1 FOR SHARE) AS held"
-            ),
-            Dialect::Sqlite => {
-                format!(
-                    "SELECT c.value FROM json_each($1) AS c WHERE EXISTS (SELECT 1 FROM {rows})"
-                )
-            }
-        }
-    }
-
     /// Runs `delete` for every item at once (a few at a time) and splits the items into those
     /// whose bytes are gone and those whose deletion failed (logged; their rows stay).
     async fn delete_all<T: Clone + std::fmt::Display + Send + Sync>(
@@ -240,7 +250,7 @@ impl SqlMetadataStore {
     }
 
     /// The manifests purging `purged` removes: those, and recursively the children no remaining
-    /// manifest lists and no tag names (what `purge_manifest` does), as `repository id:digest`.
+    /// manifest lists and no tag names (what `purge_manifests` does), as `repository id:digest`.
     async fn doomed_manifests(
         &self,
         purged: &[(RepoName, Digest)],
@@ -342,61 +352,41 @@ impl GcMeta for SqlMetadataStore {
         touched_before: i64,
         limit: u32,
     ) -> Result<Candidates<Garbage>, StorageError> {
-        let (batch, next) = self
-            .candidate_batch("gc_candidates", "digest", after, limit)
-            .await?;
-        if batch.is_empty() {
-            return Ok(Candidates::default());
-        }
-        let set = text_list(batch.iter().map(String::as_str));
-        let mut tx = self.writer.begin().await?;
-        // Candidates that something still holds stop being candidates. One row holding each
-        // stays locked until this commits, so the last of them can only go after this
-        // transaction dropped the candidate, and its trigger then queues the blob again.
-        let referenced: Vec<String> = sqlx::query_scalar(&self.held_by(
-            "manifest_blobs r WHERE r.blob_id = (SELECT id FROM blobs WHERE digest = c.value)",
-        ))
-        .bind(&set)
-        .fetch_all(&mut *tx)
-        .await?;
-        let sources: Vec<String> =
-            sqlx::query_scalar(&self.held_by("blobs a WHERE a.source_digest = c.value"))
-                .bind(&set)
-                .fetch_all(&mut *tx)
-                .await?;
+        // One read decides the whole batch: a candidate some manifest lists or some range chunk
+        // lives in is settled, and so is one whose blob is gone. No lock is needed: dropping a
+        // settled candidate checks that `queued` has not moved since this read.
         let rows = sqlx::query(&format!(
-            "SELECT {GARBAGE}, b.touched_at FROM blobs b WHERE b.digest IN (SELECT value FROM {})",
-            self.dialect.text_set("$1")
+            "SELECT CAST(c.blob_id AS TEXT) AS blob_id, c.queued, {GARBAGE}, b.touched_at,
+                    CAST(CASE WHEN b.id IS NULL
+                                OR EXISTS (SELECT 1 FROM manifest_blobs r WHERE r.blob_id = c.blob_id)
+                                OR EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)
+                              THEN 1 ELSE 0 END AS BIGINT) AS settled
+               FROM (SELECT blob_id, queued FROM gc_candidates WHERE blob_id > CAST($1 AS BIGINT)
+                      ORDER BY blob_id LIMIT $2) c
+               LEFT JOIN blobs b ON b.id = c.blob_id
+              ORDER BY c.blob_id"
         ))
-        .bind(&set)
-        .fetch_all(&mut *tx)
+        .bind(after.unwrap_or(first_key("blob_id")))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
         .await?;
-        let held: HashSet<&str> = referenced
-            .iter()
-            .chain(&sources)
-            .map(String::as_str)
-            .collect();
-        let mut existing = HashSet::new();
+        let mut settled = Vec::new();
         let mut ready = Vec::new();
         for row in &rows {
-            let garbage = garbage_from_row(row)?;
-            let touched: i64 = row.try_get("touched_at")?;
-            existing.insert(garbage.digest.to_string());
-            if !held.contains(garbage.digest.as_str()) && touched < touched_before {
-                ready.push(garbage);
+            let id: String = row.try_get("blob_id")?;
+            if row.try_get::<i64, _>("settled")? == 1 {
+                settled.push((id, row.try_get("queued")?));
+            } else if row.try_get::<i64, _>("touched_at")? < touched_before {
+                ready.push(garbage_from_row(row)?);
             }
         }
-        self.drop_settled(
-            &mut tx,
-            ("gc_candidates", "digest"),
-            &batch,
-            &held,
-            &existing,
-        )
-        .await?;
-        tx.commit().await?;
+        self.drop_settled("gc_candidates", "blob_id", &settled)
+            .await?;
+        let next = (rows.len() as u32 == limit)
+            .then(|| rows.last().and_then(|r| r.try_get("blob_id").ok()))
+            .flatten();
         Ok(Candidates {
-            examined: batch.len() as u64,
+            examined: rows.len() as u64,
             ready,
             next,
         })
@@ -449,14 +439,13 @@ impl GcMeta for SqlMetadataStore {
                 .collect()
         };
         let set = digest_set(gone.iter().map(|g| &g.digest));
-        for table in ["repository_blobs", "blobs", "gc_candidates"] {
-            sqlx::query(&format!(
-                "DELETE FROM {table} WHERE digest IN (SELECT value FROM {})",
-                self.dialect.text_set("$1")
-            ))
-            .bind(&set)
-            .execute(&mut *tx)
-            .await?;
+        let digests_in = format!("IN (SELECT value FROM {})", self.dialect.text_set("$1"));
+        for delete in [
+            format!("DELETE FROM gc_candidates WHERE blob_id IN (SELECT id FROM blobs WHERE digest {digests_in})"),
+            format!("DELETE FROM repository_blobs WHERE digest {digests_in}"),
+            format!("DELETE FROM blobs WHERE digest {digests_in}"),
+        ] {
+            sqlx::query(&delete).bind(&set).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(gone)
@@ -468,54 +457,41 @@ impl GcMeta for SqlMetadataStore {
         created_before: i64,
         limit: u32,
     ) -> Result<Candidates<(PackId, u64)>, StorageError> {
-        let (batch, next) = self
-            .candidate_batch("gc_pack_candidates", "pack_id", after, limit)
-            .await?;
-        if batch.is_empty() {
-            return Ok(Candidates::default());
-        }
-        let set = text_list(batch.iter().map(String::as_str));
-        let mut tx = self.writer.begin().await?;
-        // Packs a chunk lives in stop being candidates; one such chunk stays locked until this
-        // commits, so a collection removing the last one queues its pack again after this.
-        let used: Vec<String> =
-            sqlx::query_scalar(&self.held_by("blobs b WHERE b.pack_id = c.value"))
-                .bind(&set)
-                .fetch_all(&mut *tx)
-                .await?;
-        let rows = sqlx::query(&format!(
-            "SELECT p.id, p.size,
-                    CAST(CASE WHEN p.committed AND p.created_at < $2 THEN 1 ELSE 0 END AS BIGINT) AS ripe
-               FROM packs p WHERE p.id IN (SELECT value FROM {})",
-            self.dialect.text_set("$1")
-        ))
-        .bind(&set)
+        // As for blobs: a pack some chunk lives in, or that is gone, is settled.
+        let rows = sqlx::query(
+            "SELECT c.pack_id, c.queued, p.size,
+                    CAST(CASE WHEN p.id IS NULL
+                                OR EXISTS (SELECT 1 FROM blobs b WHERE b.pack_id = c.pack_id)
+                              THEN 1 ELSE 0 END AS BIGINT) AS settled,
+                    CAST(CASE WHEN p.committed AND p.created_at < $3 THEN 1 ELSE 0 END AS BIGINT) AS ripe
+               FROM (SELECT pack_id, queued FROM gc_pack_candidates WHERE pack_id > $1
+                      ORDER BY pack_id LIMIT $2) c
+               LEFT JOIN packs p ON p.id = c.pack_id
+              ORDER BY c.pack_id",
+        )
+        .bind(after.unwrap_or(first_key("pack_id")))
+        .bind(i64::from(limit))
         .bind(created_before)
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.reader)
         .await?;
-        let used: HashSet<&str> = used.iter().map(String::as_str).collect();
-        let mut existing = HashSet::new();
+        let mut settled = Vec::new();
         let mut ready = Vec::new();
         for row in &rows {
-            let id: String = row.try_get("id")?;
-            let size: i64 = row.try_get("size")?;
-            let ripe: i64 = row.try_get("ripe")?;
-            if ripe == 1 && !used.contains(id.as_str()) {
+            let id: String = row.try_get("pack_id")?;
+            if row.try_get::<i64, _>("settled")? == 1 {
+                settled.push((id, row.try_get("queued")?));
+            } else if row.try_get::<i64, _>("ripe")? == 1 {
+                let size: i64 = row.try_get("size")?;
                 ready.push((parse_pack(&id)?, size as u64));
             }
-            existing.insert(id);
         }
-        self.drop_settled(
-            &mut tx,
-            ("gc_pack_candidates", "pack_id"),
-            &batch,
-            &used,
-            &existing,
-        )
-        .await?;
-        tx.commit().await?;
+        self.drop_settled("gc_pack_candidates", "pack_id", &settled)
+            .await?;
+        let next = (rows.len() as u32 == limit)
+            .then(|| rows.last().and_then(|r| r.try_get("pack_id").ok()))
+            .flatten();
         Ok(Candidates {
-            examined: batch.len() as u64,
+            examined: rows.len() as u64,
             ready,
             next,
         })
@@ -593,9 +569,9 @@ impl GcMeta for SqlMetadataStore {
             .await?;
             let Some(id) = id else { continue };
             let targets: Vec<String> = sqlx::query_scalar(
-                "SELECT b.digest FROM manifest_blobs r JOIN blobs b ON b.id = r.blob_id
+                "SELECT CAST(r.blob_id AS TEXT) FROM manifest_blobs r
                   WHERE r.manifest_id = $1
-                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.digest = b.digest)",
+                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.blob_id = r.blob_id)",
             )
             .bind(id)
             .fetch_all(&self.reader)
@@ -607,10 +583,10 @@ impl GcMeta for SqlMetadataStore {
         let mut estimate = GcEstimate::default();
         let mut freed: HashMap<String, u64> = HashMap::new();
         // The candidates a pass would look at: the queued ones, a page at a time...
-        let mut after: Option<String> = None;
+        let mut after = first_key("blob_id").to_owned();
         loop {
             let (batch, next) = self
-                .candidate_batch("gc_candidates", "digest", after.as_deref(), ESTIMATE_BATCH)
+                .candidate_batch("gc_candidates", "blob_id", &after, ESTIMATE_BATCH)
                 .await?;
             self.estimate_blobs(
                 &batch,
@@ -621,7 +597,7 @@ impl GcMeta for SqlMetadataStore {
             )
             .await?;
             match next {
-                Some(next) => after = Some(next),
+                Some(next) => after = next,
                 None => break,
             }
         }
@@ -643,15 +619,10 @@ impl GcMeta for SqlMetadataStore {
             self.estimate_packs(batch, created_before, &freed, &mut estimate)
                 .await?;
         }
-        let mut after: Option<String> = None;
+        let mut after = first_key("pack_id").to_owned();
         loop {
             let (batch, next) = self
-                .candidate_batch(
-                    "gc_pack_candidates",
-                    "pack_id",
-                    after.as_deref(),
-                    ESTIMATE_BATCH,
-                )
+                .candidate_batch("gc_pack_candidates", "pack_id", &after, ESTIMATE_BATCH)
                 .await?;
             let batch: Vec<String> = batch
                 .into_iter()
@@ -660,7 +631,7 @@ impl GcMeta for SqlMetadataStore {
             self.estimate_packs(&batch, created_before, &freed, &mut estimate)
                 .await?;
             match next {
-                Some(next) => after = Some(next),
+                Some(next) => after = next,
                 None => break,
             }
         }

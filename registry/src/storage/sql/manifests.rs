@@ -394,71 +394,114 @@ impl ManifestMeta for SqlMetadataStore {
             .collect()
     }
 
-    async fn purge_manifest(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError> {
-        let mut tx = self.writer.begin().await?;
-        let Some(repo_id) = repo_id_in(&mut tx, repo).await? else {
-            return Ok(false);
+    async fn purge_manifests(
+        &self,
+        versions: &[(RepoName, Digest)],
+    ) -> Result<Vec<(RepoName, Digest)>, StorageError> {
+        if versions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let d = self.dialect;
+        let lock = if d == Dialect::Postgres {
+            " FOR UPDATE OF m"
+        } else {
+            ""
         };
-        let children: Vec<String> = sqlx::query_scalar(
-            "SELECT target_digest FROM manifest_references
-              WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
-        )
-        .bind(repo_id)
-        .bind(digest.as_str())
-        .bind(true)
+        let named: Vec<(&str, &str)> = versions
+            .iter()
+            .map(|(r, m)| (r.as_str(), m.as_str()))
+            .collect();
+        let mut tx = self.writer.begin().await?;
+        // The ones still deleted, held (a restore racing this waits, then finds them gone).
+        let rows = sqlx::query(&format!(
+            "SELECT m.repository_id, m.digest, r.name FROM manifests m
+               JOIN repositories r ON r.id = m.repository_id
+              WHERE (r.name, m.digest) IN (SELECT {}, {} FROM {}) AND m.deleted_at IS NOT NULL
+              ORDER BY m.repository_id, m.digest{lock}",
+            d.json_field("value", 0, "TEXT"),
+            d.json_field("value", 1, "TEXT"),
+            d.json_rows("$1"),
+        ))
+        .bind(serde_json::to_string(&named).unwrap_or_default())
         .fetch_all(&mut *tx)
         .await?;
-        // Tags and reference rows go with it through ON DELETE CASCADE.
-        let done = sqlx::query(
-            "DELETE FROM manifests WHERE repository_id = $1 AND digest = $2 AND deleted_at IS NOT NULL",
-        )
-        .bind(repo_id)
-        .bind(digest.as_str())
-        .execute(&mut *tx)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Ok(false);
+        let mut purged = Vec::new();
+        let mut doomed: Vec<(i64, String)> = Vec::new();
+        for row in &rows {
+            let name: String = row.try_get("name")?;
+            let digest: String = row.try_get("digest")?;
+            purged.push((parse_repo(&name)?, parse_digest(&digest)?));
+            doomed.push((row.try_get("repository_id")?, digest));
         }
-        // Its children (a volume's tree and part manifests) go too, unless another manifest
-        // still lists them or a tag names them; their children in turn.
-        let mut queue = children;
-        while let Some(child) = queue.pop() {
-            if self.dialect == Dialect::Postgres {
-                // Holds off a concurrent push that relies on this child (it takes FOR SHARE).
-                sqlx::query(
-                    "SELECT digest FROM manifests WHERE repository_id = $1 AND digest = $2 FOR UPDATE",
-                )
-                .bind(repo_id)
-                .bind(&child)
+        // Round by round: the doomed manifests go (tags and references through ON DELETE
+        // CASCADE), then those of their children that no manifest lists and no tag names any
+        // more, then theirs. A round is a few statements, however many manifests it removes.
+        let mut first = true;
+        while !doomed.is_empty() {
+            let set = serde_json::to_string(&doomed).unwrap_or_default();
+            let pairs = format!(
+                "(SELECT {}, {} FROM {})",
+                d.json_field("value", 0, "BIGINT"),
+                d.json_field("value", 1, "TEXT"),
+                d.json_rows("$1"),
+            );
+            if !first && d == Dialect::Postgres {
+                // Holds off concurrent pushes that rely on these children (they take FOR SHARE).
+                sqlx::query(&format!(
+                    "SELECT m.digest FROM manifests m WHERE (m.repository_id, m.digest) IN {pairs}
+                      ORDER BY m.repository_id, m.digest{lock}"
+                ))
+                .bind(&set)
                 .execute(&mut *tx)
                 .await?;
             }
-            let grandchildren: Vec<String> = sqlx::query_scalar(
-                "SELECT target_digest FROM manifest_references
-                  WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
-            )
-            .bind(repo_id)
-            .bind(&child)
+            let children = sqlx::query(&format!(
+                "SELECT repository_id, manifest_digest, target_digest FROM manifest_references
+                  WHERE (repository_id, manifest_digest) IN {pairs} AND is_manifest = $2"
+            ))
+            .bind(&set)
             .bind(true)
             .fetch_all(&mut *tx)
             .await?;
-            let gone = sqlx::query(
-                "DELETE FROM manifests WHERE repository_id = $1 AND digest = $2
-                   AND NOT EXISTS (SELECT 1 FROM manifest_references r
-                                    WHERE r.repository_id = $1 AND r.target_digest = $2 AND r.is_manifest = $3)
-                   AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.repository_id = $1 AND t.manifest_digest = $2)",
-            )
-            .bind(repo_id)
-            .bind(&child)
+            let condition = if first {
+                "deleted_at IS NOT NULL".to_owned()
+            } else {
+                "NOT EXISTS (SELECT 1 FROM manifest_references r
+                              WHERE r.repository_id = manifests.repository_id
+                                AND r.target_digest = manifests.digest AND r.is_manifest = $2)
+                 AND NOT EXISTS (SELECT 1 FROM tags t
+                                  WHERE t.repository_id = manifests.repository_id
+                                    AND t.manifest_digest = manifests.digest)"
+                    .to_owned()
+            };
+            let gone = sqlx::query(&format!(
+                "DELETE FROM manifests WHERE (repository_id, digest) IN {pairs} AND {condition}
+                 RETURNING repository_id, digest"
+            ))
+            .bind(&set)
             .bind(true)
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
-            if gone.rows_affected() > 0 {
-                queue.extend(grandchildren);
+            let mut removed = std::collections::HashSet::new();
+            for row in &gone {
+                removed.insert((
+                    row.try_get::<i64, _>("repository_id")?,
+                    row.try_get::<String, _>("digest")?,
+                ));
             }
+            let mut next = std::collections::BTreeSet::new();
+            for row in &children {
+                let repo: i64 = row.try_get("repository_id")?;
+                let parent: String = row.try_get("manifest_digest")?;
+                if removed.contains(&(repo, parent)) {
+                    next.insert((repo, row.try_get::<String, _>("target_digest")?));
+                }
+            }
+            doomed = next.into_iter().collect();
+            first = false;
         }
         tx.commit().await?;
-        Ok(true)
+        Ok(purged)
     }
 
     async fn referrers(

@@ -48,6 +48,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "compact references",
         include_str!("../../../../migrations/sqlite/0008_compact_references.sql"),
     ),
+    (
+        9,
+        "candidates by id",
+        include_str!("../../../../migrations/sqlite/0009_candidates_by_id.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -89,6 +94,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         8,
         "compact references",
         include_str!("../../../../migrations/postgres/0008_compact_references.sql"),
+    ),
+    (
+        9,
+        "candidates by id",
+        include_str!("../../../../migrations/postgres/0009_candidates_by_id.sql"),
     ),
 ];
 
@@ -216,7 +226,13 @@ mod tests {
             .await
             .unwrap();
         }
+        // One candidate waiting when the upgrade starts.
         run("DELETE FROM gc_candidates")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        run("INSERT INTO gc_candidates (digest) VALUES ($1)")
+            .bind(LOOSE)
             .execute(&mut *conn)
             .await
             .unwrap();
@@ -246,7 +262,17 @@ mod tests {
             1,
             "only the child manifest stays as a text reference"
         );
-        // Every row has an id; a new one gets a fresh one.
+        // The waiting candidate is still queued, by its blob's id.
+        let waiting: Vec<String> =
+            sqlx::query("SELECT b.digest FROM gc_candidates c JOIN blobs b ON b.id = c.blob_id")
+                .fetch_all(db)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<String, _>(0))
+                .collect();
+        assert_eq!(waiting, [LOOSE]);
+        // Every row has an id; a new one gets a fresh one, and is queued.
         sqlx::query(
             "INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 1, 0, 0)",
         )
@@ -255,6 +281,13 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(count("SELECT count(DISTINCT id) FROM blobs").await, 4);
+        assert_eq!(
+            count("SELECT count(*) FROM gc_candidates c JOIN blobs b ON b.id = c.blob_id
+                    WHERE b.digest = 'sha256:6666666666666666666666666666666666666666666666666666666666666666'")
+            .await,
+            1,
+            "a new blob is a candidate"
+        );
         assert_eq!(
             count("SELECT count(*) FROM blobs WHERE id IS NULL").await,
             0
@@ -276,7 +309,9 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(count("SELECT count(*) FROM manifest_blobs").await, 0);
-        let queued: Vec<String> = sqlx::query("SELECT digest FROM gc_candidates ORDER BY digest")
+        let queued: Vec<String> = sqlx::query(
+            "SELECT b.digest FROM gc_candidates c JOIN blobs b ON b.id = c.blob_id ORDER BY b.digest",
+        )
             .fetch_all(db)
             .await
             .unwrap()
@@ -287,7 +322,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn migration_8_keeps_every_reference_on_sqlite() {
+    async fn upgrade_from_version_7_keeps_references_and_candidates_on_sqlite() {
         sqlx::any::install_default_drivers();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.db");
@@ -303,7 +338,7 @@ mod tests {
     /// On the PostgreSQL server `VIAL_TEST_POSTGRES_URL` names, in a database of its own
     /// (scripts/test-all runs it so); without one, there is nothing to run it on.
     #[tokio::test]
-    async fn migration_8_keeps_every_reference_on_postgres() {
+    async fn upgrade_from_version_7_keeps_references_and_candidates_on_postgres() {
         let Ok(server) = std::env::var("VIAL_TEST_POSTGRES_URL") else {
             eprintln!("SKIP: VIAL_TEST_POSTGRES_URL is not set");
             return;
