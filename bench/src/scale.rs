@@ -45,8 +45,8 @@ pub struct ScaleArgs {
     /// Write all figures to this file as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Log every statement of the GC pass after the deletions and print where its database time
-    /// went, by statement (slows that pass a little).
+    /// Log every statement of the GC dry run and pass after the deletions and print where their
+    /// database time went, by statement (slows them a little).
     #[arg(long)]
     pub statement_log: bool,
     /// Leave the last size's PostgreSQL running with its data, to examine plans afterwards
@@ -336,22 +336,26 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
             run.versions_deleted += 1;
         }
     }
-    let (secs, dry) = gc(true).await?;
-    run.dry_run_seconds = secs;
-    run.dry_run_blobs = count(&dry, "blobs");
+    // The statement log, when asked for, covers the dry run and the pass, one summary each.
     let log = dir.join("pg.log");
-    let logged_from = if args.statement_log {
+    let log_size = || std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    if args.statement_log {
         psql(&url, "ALTER SYSTEM SET log_min_duration_statement = 0")?;
         psql(&url, "SELECT pg_reload_conf()")?;
-        std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0)
-    } else {
-        0
-    };
+    }
+    let logged_from = log_size();
+    let (secs, dry) = gc(true).await?;
+    if args.statement_log {
+        print_statement_log("the dry run", &log, logged_from, secs)?;
+    }
+    run.dry_run_seconds = secs;
+    run.dry_run_blobs = count(&dry, "blobs");
+    let logged_from = log_size();
     let (secs, pass) = gc(false).await?;
     if args.statement_log {
         psql(&url, "ALTER SYSTEM RESET log_min_duration_statement")?;
         psql(&url, "SELECT pg_reload_conf()")?;
-        print_statement_log(&log, logged_from, secs)?;
+        print_statement_log("the pass", &log, logged_from, secs)?;
     }
     run.pass_seconds = secs;
     run.pass_blobs = count(&pass, "blobs");
@@ -383,7 +387,7 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
 
 /// Sums the statement durations PostgreSQL logged in `log` after byte `from`, by statement
 /// (its first words, numbers and values elided), and prints the 12 that took longest.
-fn print_statement_log(log: &Path, from: u64, pass_seconds: f64) -> Result<()> {
+fn print_statement_log(what: &str, log: &Path, from: u64, seconds: f64) -> Result<()> {
     let text = std::fs::read(log)?;
     let text = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).into_owned();
     let mut by_statement: std::collections::HashMap<String, (f64, u64)> = Default::default();
@@ -410,7 +414,7 @@ fn print_statement_log(log: &Path, from: u64, pass_seconds: f64) -> Result<()> {
     let mut rows: Vec<_> = by_statement.into_iter().collect();
     rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
     eprintln!(
-        "vial-bench: scale: the pass took {pass_seconds:.2} s, {:.2} s of it in logged statements:",
+        "vial-bench: scale: {what} took {seconds:.2} s, {:.2} s of it in logged statements:",
         total / 1000.0
     );
     for (statement, (ms, n)) in rows.iter().take(12) {

@@ -35,6 +35,9 @@ const DIGEST_INDEX: &str = "repository_blobs_by_digest";
 /// Candidates the dry run reads at once.
 const ESTIMATE_BATCH: u32 = 1000;
 
+/// Doomed manifests whose blobs the dry run reads at once.
+const PURGE_ESTIMATE_BATCH: usize = 100;
+
 fn garbage_from_row(row: &AnyRow) -> Result<Garbage, StorageError> {
     let digest: String = row.try_get("digest")?;
     let size: i64 = row.try_get("size")?;
@@ -249,73 +252,111 @@ impl SqlMetadataStore {
             .collect()
     }
 
-    /// The manifests purging `purged` removes: those, and recursively the children no remaining
-    /// manifest lists and no tag names (what `purge_manifests` does), as `repository id:digest`.
+    /// The ids of the manifests purging `purged` removes: those, and recursively the children no
+    /// remaining manifest lists and no tag names (what `purge_manifests` does). A few statements
+    /// per level of the tree, however many manifests go.
     async fn doomed_manifests(
         &self,
         purged: &[(RepoName, Digest)],
-    ) -> Result<HashSet<String>, StorageError> {
-        let mut doomed = HashSet::new();
-        let mut pending: Vec<(i64, String)> = Vec::new();
+    ) -> Result<Vec<i64>, StorageError> {
+        let d = self.dialect;
+        let pairs = |ty: &str| {
+            format!(
+                "(SELECT {}, {} FROM {})",
+                d.json_field("value", 0, ty),
+                d.json_field("value", 1, "TEXT"),
+                d.json_rows("$1"),
+            )
+        };
+        let named: Vec<(&str, &str)> = purged
+            .iter()
+            .map(|(r, m)| (r.as_str(), m.as_str()))
+            .collect();
         let mut conn = self.reader.acquire().await?;
-        for (repo, digest) in purged {
-            let id: Option<i64> = sqlx::query_scalar("SELECT id FROM repositories WHERE name = $1")
-                .bind(repo.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(id) = id {
-                doomed.insert(format!("{id}:{digest}"));
-                pending.push((id, digest.to_string()));
-            }
+        let rows = sqlx::query(&format!(
+            "SELECT m.repository_id, m.digest, m.id FROM manifests m
+               JOIN repositories r ON r.id = m.repository_id WHERE (r.name, m.digest) IN {}",
+            pairs("TEXT")
+        ))
+        .bind(serde_json::to_string(&named).unwrap_or_default())
+        .fetch_all(&mut *conn)
+        .await?;
+        type Key = (i64, String);
+        let key = |row: &AnyRow, column: &str| -> Result<Key, StorageError> {
+            Ok((row.try_get("repository_id")?, row.try_get(column)?))
+        };
+        let mut doomed: HashMap<Key, i64> = HashMap::new();
+        for row in &rows {
+            doomed.insert(key(row, "digest")?, row.try_get("id")?);
         }
+        let mut pending: Vec<Key> = doomed.keys().cloned().collect();
         // Children of doomed manifests, round by round: a child is doomed once every manifest
         // listing it is and no tag names it.
-        let mut waiting: Vec<(i64, String)> = Vec::new();
+        let mut waiting: std::collections::BTreeSet<Key> = Default::default();
         while !pending.is_empty() {
-            for (id, digest) in pending.drain(..) {
-                let listed: Vec<String> = sqlx::query_scalar(
-                    "SELECT target_digest FROM manifest_references
-                      WHERE repository_id = $1 AND manifest_digest = $2 AND is_manifest = $3",
-                )
-                .bind(id)
-                .bind(&digest)
-                .bind(true)
-                .fetch_all(&mut *conn)
-                .await?;
-                waiting.extend(listed.into_iter().map(|c| (id, c)));
-            }
-            for (id, child) in std::mem::take(&mut waiting) {
-                if doomed.contains(&format!("{id}:{child}")) {
-                    continue;
+            let children = sqlx::query(&format!(
+                "SELECT repository_id, target_digest FROM manifest_references
+                  WHERE (repository_id, manifest_digest) IN {} AND is_manifest = $2",
+                pairs("BIGINT")
+            ))
+            .bind(serde_json::to_string(&pending).unwrap_or_default())
+            .bind(true)
+            .fetch_all(&mut *conn)
+            .await?;
+            pending.clear();
+            for row in &children {
+                let child = key(row, "target_digest")?;
+                if !doomed.contains_key(&child) {
+                    waiting.insert(child);
                 }
-                let parents: Vec<String> = sqlx::query_scalar(
-                    "SELECT manifest_digest FROM manifest_references
-                      WHERE repository_id = $1 AND target_digest = $2 AND is_manifest = $3",
-                )
-                .bind(id)
-                .bind(&child)
-                .bind(true)
-                .fetch_all(&mut *conn)
-                .await?;
-                let tagged: Option<i64> = sqlx::query_scalar(
-                    "SELECT CAST(1 AS BIGINT) FROM tags WHERE repository_id = $1 AND manifest_digest = $2",
-                )
-                .bind(id)
-                .bind(&child)
-                .fetch_optional(&mut *conn)
-                .await?;
-                let orphaned = parents
-                    .iter()
-                    .all(|p| doomed.contains(&format!("{id}:{p}")));
-                if tagged.is_none() && orphaned {
-                    doomed.insert(format!("{id}:{child}"));
-                    pending.push((id, child));
-                } else {
-                    waiting.push((id, child));
+            }
+            if waiting.is_empty() {
+                break;
+            }
+            let set = serde_json::to_string(&waiting).unwrap_or_default();
+            let parents = sqlx::query(&format!(
+                "SELECT repository_id, target_digest, manifest_digest FROM manifest_references
+                  WHERE (repository_id, target_digest) IN {} AND is_manifest = $2",
+                pairs("BIGINT")
+            ))
+            .bind(&set)
+            .bind(true)
+            .fetch_all(&mut *conn)
+            .await?;
+            let tagged = sqlx::query(&format!(
+                "SELECT repository_id, manifest_digest FROM tags
+                  WHERE (repository_id, manifest_digest) IN {}",
+                pairs("BIGINT")
+            ))
+            .bind(&set)
+            .fetch_all(&mut *conn)
+            .await?;
+            let ids = sqlx::query(&format!(
+                "SELECT repository_id, digest, id FROM manifests WHERE (repository_id, digest) IN {}",
+                pairs("BIGINT")
+            ))
+            .bind(&set)
+            .fetch_all(&mut *conn)
+            .await?;
+            let mut held: HashSet<Key> = HashSet::new();
+            for row in &tagged {
+                held.insert(key(row, "manifest_digest")?);
+            }
+            for row in &parents {
+                let (repo, parent): Key = key(row, "manifest_digest")?;
+                if !doomed.contains_key(&(repo, parent)) {
+                    held.insert(key(row, "target_digest")?);
+                }
+            }
+            for row in &ids {
+                let child = key(row, "digest")?;
+                if !held.contains(&child) && waiting.remove(&child) {
+                    doomed.insert(child.clone(), row.try_get("id")?);
+                    pending.push(child);
                 }
             }
         }
-        Ok(doomed)
+        Ok(doomed.into_values().collect())
     }
 }
 
@@ -408,7 +449,7 @@ impl GcMeta for SqlMetadataStore {
         self.lock_rows(&mut tx, ("blobs", "digest"), &set).await?;
         // Checked again now that the rows are held: a new statement sees every commit so far.
         let rows = sqlx::query(&format!(
-            "SELECT {GARBAGE} FROM blobs b WHERE b.digest IN (SELECT value FROM {}) AND {UNREFERENCED}",
+            "SELECT {GARBAGE}, b.id FROM blobs b WHERE b.digest IN (SELECT value FROM {}) AND {UNREFERENCED}",
             self.dialect.text_set("$2")
         ))
         .bind(touched_before)
@@ -419,6 +460,10 @@ impl GcMeta for SqlMetadataStore {
             .iter()
             .map(garbage_from_row)
             .collect::<Result<Vec<_>, _>>()?;
+        let mut ids = HashMap::new();
+        for (row, g) in rows.iter().zip(&garbage) {
+            ids.insert(g.digest.clone(), row.try_get::<i64, _>("id")?.to_string());
+        }
         // Bytes first, under the locks; a blob whose bytes could not go keeps its row.
         let own: Vec<Digest> = garbage
             .iter()
@@ -438,14 +483,27 @@ impl GcMeta for SqlMetadataStore {
                 .filter(|g| !g.own_bytes || deleted.contains(&g.digest))
                 .collect()
         };
+        let gone_ids = text_list(
+            gone.iter()
+                .filter_map(|g| ids.get(&g.digest))
+                .map(String::as_str),
+        );
+        sqlx::query(&format!(
+            "DELETE FROM gc_candidates WHERE blob_id IN (SELECT CAST(value AS BIGINT) FROM {})",
+            self.dialect.text_set("$1")
+        ))
+        .bind(&gone_ids)
+        .execute(&mut *tx)
+        .await?;
         let set = digest_set(gone.iter().map(|g| &g.digest));
-        let digests_in = format!("IN (SELECT value FROM {})", self.dialect.text_set("$1"));
-        for delete in [
-            format!("DELETE FROM gc_candidates WHERE blob_id IN (SELECT id FROM blobs WHERE digest {digests_in})"),
-            format!("DELETE FROM repository_blobs WHERE digest {digests_in}"),
-            format!("DELETE FROM blobs WHERE digest {digests_in}"),
-        ] {
-            sqlx::query(&delete).bind(&set).execute(&mut *tx).await?;
+        for table in ["repository_blobs", "blobs"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE digest IN (SELECT value FROM {})",
+                self.dialect.text_set("$1")
+            ))
+            .bind(&set)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(gone)
@@ -554,30 +612,24 @@ impl GcMeta for SqlMetadataStore {
     ) -> Result<GcEstimate, StorageError> {
         // The manifests that go, by id, and the blobs they reference that are not queued yet
         // (their rows go, and the trigger queues them, during the pass).
-        let mut doomed_ids: Vec<String> = Vec::new();
+        let doomed_ids: Vec<String> = self
+            .doomed_manifests(purged)
+            .await?
+            .iter()
+            .map(i64::to_string)
+            .collect();
         let mut unqueued: HashSet<String> = HashSet::new();
-        for key in self.doomed_manifests(purged).await? {
-            let Some((repo_id, digest)) = key.split_once(':') else {
-                continue;
-            };
-            let id: Option<i64> = sqlx::query_scalar(
-                "SELECT id FROM manifests WHERE repository_id = $1 AND digest = $2",
-            )
-            .bind(repo_id.parse::<i64>().unwrap_or(-1))
-            .bind(digest)
-            .fetch_optional(&self.reader)
-            .await?;
-            let Some(id) = id else { continue };
-            let targets: Vec<String> = sqlx::query_scalar(
-                "SELECT CAST(r.blob_id AS TEXT) FROM manifest_blobs r
-                  WHERE r.manifest_id = $1
+        for batch in doomed_ids.chunks(PURGE_ESTIMATE_BATCH) {
+            let targets: Vec<String> = sqlx::query_scalar(&format!(
+                "SELECT DISTINCT CAST(r.blob_id AS TEXT) FROM manifest_blobs r
+                  WHERE r.manifest_id IN (SELECT CAST(value AS BIGINT) FROM {})
                     AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.blob_id = r.blob_id)",
-            )
-            .bind(id)
+                self.dialect.text_set("$1")
+            ))
+            .bind(text_list(batch.iter().map(String::as_str)))
             .fetch_all(&self.reader)
             .await?;
             unqueued.extend(targets);
-            doomed_ids.push(id.to_string());
         }
         let doomed_set = text_list(doomed_ids.iter().map(String::as_str));
         let mut estimate = GcEstimate::default();
@@ -636,5 +688,92 @@ impl GcMeta for SqlMetadataStore {
             }
         }
         Ok(estimate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOB: &str = "sha256:7777777777777777777777777777777777777777777777777777777777777777";
+
+    /// A candidate a pass read while a manifest still listed it, and whose last reference went
+    /// before the pass dropped it, stays a candidate: the removal bumped its generation. Dropped
+    /// at the generation it has now, it goes.
+    async fn a_candidate_queued_again_is_not_dropped(store: &SqlMetadataStore) {
+        let db = &store.writer;
+        let run = |sql: &'static str| sqlx::query(sql);
+        run("INSERT INTO repositories (name, created_at) VALUES ('a/b', 0)")
+            .execute(db)
+            .await
+            .unwrap();
+        run("INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 1, 0, 0)")
+            .bind(BLOB)
+            .execute(db)
+            .await
+            .unwrap();
+        run("INSERT INTO manifests (repository_id, digest, media_type, size, content, created_at)
+             SELECT id, $1, 'application/vnd.oci.image.manifest.v1+json', 2, $2, 0 FROM repositories")
+        .bind(BLOB.replace('7', "8"))
+        .bind(b"{}".to_vec())
+        .execute(db)
+        .await
+        .unwrap();
+        run("INSERT INTO manifest_blobs (manifest_id, blob_id) SELECT m.id, b.id FROM manifests m, blobs b")
+            .execute(db)
+            .await
+            .unwrap();
+        let generation = || async {
+            sqlx::query_as::<_, (String, i64)>(
+                "SELECT CAST(blob_id AS TEXT), queued FROM gc_candidates",
+            )
+            .fetch_all(db)
+            .await
+            .unwrap()
+        };
+        // What a pass reads: the new blob queued once, and listed.
+        let read = generation().await;
+        assert_eq!(read.len(), 1);
+        // The manifest goes before the pass drops the candidate it saw held.
+        run("DELETE FROM manifests").execute(db).await.unwrap();
+        store
+            .drop_settled("gc_candidates", "blob_id", &read)
+            .await
+            .unwrap();
+        let now = generation().await;
+        assert_eq!(now.len(), 1, "the candidate was lost");
+        assert_eq!(
+            now[0].1,
+            read[0].1 + 1,
+            "the removal did not bump its generation"
+        );
+        // The next batch finds it unreferenced, and ready.
+        let batch = store.blob_candidates(None, i64::MAX, 10).await.unwrap();
+        let ready: Vec<&str> = batch.ready.iter().map(|g| g.digest.as_str()).collect();
+        assert_eq!(ready, [BLOB]);
+        store
+            .drop_settled("gc_candidates", "blob_id", &now)
+            .await
+            .unwrap();
+        assert!(generation().await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_candidate_queued_again_is_not_dropped_on_sqlite() {
+        sqlx::any::install_default_drivers();
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlMetadataStore::open_sqlite(&dir.path().join("m.db"))
+            .await
+            .unwrap();
+        a_candidate_queued_again_is_not_dropped(&store).await;
+    }
+
+    #[tokio::test]
+    async fn a_candidate_queued_again_is_not_dropped_on_postgres() {
+        let Some(url) = super::super::test_postgres_database().await else {
+            return;
+        };
+        let store = SqlMetadataStore::open_postgres(&url).await.unwrap();
+        a_candidate_queued_again_is_not_dropped(&store).await;
     }
 }

@@ -339,22 +339,9 @@ mod tests {
     /// (scripts/test-all runs it so); without one, there is nothing to run it on.
     #[tokio::test]
     async fn upgrade_from_version_7_keeps_references_and_candidates_on_postgres() {
-        let Ok(server) = std::env::var("VIAL_TEST_POSTGRES_URL") else {
-            eprintln!("SKIP: VIAL_TEST_POSTGRES_URL is not set");
+        let Some(url) = super::super::test_postgres_database().await else {
             return;
         };
-        sqlx::any::install_default_drivers();
-        let name = format!("vial_upgrade_{}", uuid::Uuid::new_v4().simple());
-        let admin = AnyPoolOptions::new()
-            .max_connections(1)
-            .connect(&format!("{server}/postgres"))
-            .await
-            .unwrap();
-        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let url = format!("{server}/{name}");
         seed_version_7(&url, Dialect::Postgres).await;
         let store = SqlMetadataStore::open_postgres(&url).await.unwrap();
         check_upgraded(&store).await;

@@ -344,3 +344,25 @@ impl MetadataStore for SqlMetadataStore {
         Ok(())
     }
 }
+
+/// A new, empty database on the PostgreSQL server `VIAL_TEST_POSTGRES_URL` names (scripts/test-all
+/// runs the library tests with one), as a URL; `None` without a server.
+#[cfg(test)]
+pub(super) async fn test_postgres_database() -> Option<String> {
+    let Ok(server) = std::env::var("VIAL_TEST_POSTGRES_URL") else {
+        eprintln!("SKIP: VIAL_TEST_POSTGRES_URL is not set");
+        return None;
+    };
+    sqlx::any::install_default_drivers();
+    let name = format!("vial_unit_{}", uuid::Uuid::new_v4().simple());
+    let admin = AnyPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!("{server}/postgres"))
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    Some(format!("{server}/{name}"))
+}
