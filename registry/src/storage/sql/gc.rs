@@ -489,8 +489,8 @@ impl GcMeta for SqlMetadataStore {
                 .map(String::as_str),
         );
         sqlx::query(&format!(
-            "DELETE FROM gc_candidates WHERE blob_id IN (SELECT CAST(value AS BIGINT) FROM {})",
-            self.dialect.text_set("$1")
+            "DELETE FROM gc_candidates WHERE blob_id {}",
+            self.dialect.in_ids("$1")
         ))
         .bind(&gone_ids)
         .execute(&mut *tx)
@@ -622,9 +622,9 @@ impl GcMeta for SqlMetadataStore {
         for batch in doomed_ids.chunks(PURGE_ESTIMATE_BATCH) {
             let targets: Vec<String> = sqlx::query_scalar(&format!(
                 "SELECT DISTINCT CAST(r.blob_id AS TEXT) FROM manifest_blobs r
-                  WHERE r.manifest_id IN (SELECT CAST(value AS BIGINT) FROM {})
+                  WHERE r.manifest_id {}
                     AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.blob_id = r.blob_id)",
-                self.dialect.text_set("$1")
+                self.dialect.in_ids("$1")
             ))
             .bind(text_list(batch.iter().map(String::as_str)))
             .fetch_all(&self.reader)

@@ -174,7 +174,6 @@ mod tests {
     use super::super::SqlMetadataStore;
     use super::*;
     use sqlx::any::AnyPoolOptions;
-    use sqlx::Row;
 
     const INDEX: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const CHILD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
@@ -247,6 +246,15 @@ mod tests {
                 .await
                 .unwrap()
         };
+        // The blobs queued as collection candidates, by digest.
+        let queued = || async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT b.digest FROM gc_candidates c JOIN blobs b ON b.id = c.blob_id ORDER BY b.digest",
+            )
+            .fetch_all(db)
+            .await
+            .unwrap()
+        };
         assert_eq!(count("SELECT count(*) FROM manifest_blobs").await, 2);
         assert_eq!(
             count("SELECT count(*) FROM manifest_blobs r JOIN blobs b ON b.id = r.blob_id
@@ -263,15 +271,7 @@ mod tests {
             "only the child manifest stays as a text reference"
         );
         // The waiting candidate is still queued, by its blob's id.
-        let waiting: Vec<String> =
-            sqlx::query("SELECT b.digest FROM gc_candidates c JOIN blobs b ON b.id = c.blob_id")
-                .fetch_all(db)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<String, _>(0))
-                .collect();
-        assert_eq!(waiting, [LOOSE]);
+        assert_eq!(queued().await, [LOOSE]);
         // Every row has an id; a new one gets a fresh one, and is queued.
         sqlx::query(
             "INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 1, 0, 0)",
@@ -309,16 +309,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(count("SELECT count(*) FROM manifest_blobs").await, 0);
-        let queued: Vec<String> = sqlx::query(
-            "SELECT b.digest FROM gc_candidates c JOIN blobs b ON b.id = c.blob_id ORDER BY b.digest",
-        )
-            .fetch_all(db)
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get::<String, _>(0))
-            .collect();
-        assert_eq!(queued, LISTED);
+        assert_eq!(queued().await, LISTED);
     }
 
     #[tokio::test]

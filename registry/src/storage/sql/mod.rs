@@ -93,6 +93,18 @@ impl Dialect {
         }
     }
 
+    /// `IN` the JSON array of ids bound to `param`, written so that PostgreSQL looks each one up
+    /// in an index on the column (`= ANY` of an array it builds once) where `IN (SELECT …)`
+    /// can be planned as a scan of the whole table.
+    fn in_ids(self, param: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("IN (SELECT CAST(value AS INTEGER) FROM json_each({param}))"),
+            Dialect::Postgres => format!(
+                "= ANY(ARRAY(SELECT CAST(value AS BIGINT) FROM json_array_elements_text(CAST({param} AS json))))"
+            ),
+        }
+    }
+
     /// A table with one text column, `value`, holding the strings of the JSON array bound to
     /// `param` ([`digest_set`]): how one statement takes any number of digests in both dialects
     /// (sqlx's `Any` driver binds no arrays).
