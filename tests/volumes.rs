@@ -45,6 +45,58 @@ fn push_then_pull_recreates_the_tree_exactly() {
     }
 }
 
+/// Tensors of just over 4 MiB: each is one segment whose chunks keep one of `vial push`'s 16
+/// read buffers (they fill half of it, so they are not copied out), so a pack waiting to fill to
+/// 64 MiB holds 15 of them and the hashers must wait. The push must
+/// send that pack early (it logs so) and finish, and the version must come back whole.
+#[test]
+fn a_push_whose_pack_holds_every_read_buffer_sends_it_early_and_completes() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let tensors: Vec<crate::support::model::TensorSpec> = (0..40)
+        .map(|i| {
+            (
+                format!("layer.{i}.weight"),
+                (2 << 20) + 1000 + i * 5000,
+                i as u64,
+            )
+        })
+        .collect();
+    crate::support::model::write_safetensors(&src.join("model.safetensors"), &tensors);
+    let reference = format!("{}/weights/mid-sized", server.addr);
+    let mut child = std::process::Command::new(crate::support::vial_bin())
+        .args(["push", src.to_str().unwrap(), &reference, "--tag", "v1"])
+        .env("HOME", home.path())
+        .env("XDG_CACHE_HOME", home.path().join("cache"))
+        .env("VIAL_LOG", "vial_client=debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = crate::support::wait_timeout(&mut child, std::time::Duration::from_secs(120));
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "push stalled or failed: {stderr}"
+    );
+    assert!(
+        stderr.contains("sending a pack before it is full"),
+        "the test data no longer starves the hashers: {stderr}"
+    );
+    let pulled = home.path().join("out");
+    vial_ok(
+        home.path(),
+        &["pull", &format!("{reference}:v1"), pulled.to_str().unwrap()],
+    );
+    assert_same_tree(&src, &pulled);
+}
+
 #[test]
 fn the_same_content_gives_the_same_digest_whatever_the_order_and_mtimes() {
     let server = Server::start();

@@ -5,10 +5,12 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use bytes::Bytes;
+pub use vial_core::chunker::FileChunk;
 use vial_core::chunker::{self, ReadAt};
-pub use vial_core::chunker::{FileChunk, Window};
 use vial_core::chunking::Cutter;
-use vial_core::safetensors::Segment;
+use vial_core::safetensors::{Segment, SegmentKind};
+use vial_core::Algorithm;
 
 use crate::ClientError;
 
@@ -40,23 +42,423 @@ pub fn plan_file(path: &Path, file: &File, size: u64) -> Result<Vec<Segment>, Cl
     chunker::plan(&path.to_string_lossy(), &mut OnDisk { path, file }, size)
 }
 
-/// Chunks and hashes one segment of a file, reading it through `window`.
-pub fn chunk_segment(
+/// Alignment of O_DIRECT reads: buffer address, length and file offset.
+const ALIGN: usize = 4096;
+/// Bytes read per fill of a [`ReadBuffers`] buffer (which also holds the unfinished chunk
+/// carried over from the previous fill, up to the largest chunk).
+const FILL: usize = 8 << 20;
+/// Files at least this large are read with O_DIRECT where the filesystem takes it.
+const DIRECT_MIN: u64 = 16 << 20;
+
+/// Opens `path` for chunking: with O_DIRECT if it is large and the filesystem takes the flag (the
+/// bytes then go from the disk into `vial push`'s own buffers, without filling the page cache with
+/// a checkpoint it will not read again), else an ordinary handle. Says which.
+pub fn open_for_reading(path: &Path, size: u64) -> Result<(File, bool), ClientError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if size >= DIRECT_MIN {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(f) => return Ok((f, true)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(ClientError::io(path, e)),
+        }
+    }
+    File::open(path)
+        .map(|f| (f, false))
+        .map_err(|e| ClientError::io(path, e))
+}
+
+/// A fixed number of page-aligned read buffers, shared by the hashing threads. The chunks cut
+/// from a buffer are handed on as [`Bytes`] slices of it, so it comes back only when the last of
+/// them is dropped (checked present, or uploaded); a thread that needs a buffer while all are out
+/// waits. That bounds the bytes a push holds in memory, and lets the bytes read for hashing be
+/// the bytes uploaded, without reading them again.
+#[derive(Clone, Debug)]
+pub struct ReadBuffers {
+    shared: std::sync::Arc<(std::sync::Mutex<Pool>, std::sync::Condvar)>,
+    len: usize,
+    /// Told whenever a thread has to wait for a buffer, so that whoever holds chunks back (a
+    /// pack waiting to fill) can let them go.
+    starved: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[derive(Debug)]
+struct Pool {
+    free: Vec<Aligned>,
+    /// Buffers not yet allocated (allocated on first need, so a small push stays small).
+    unmade: usize,
+}
+
+/// A page-aligned region of `storage`.
+#[derive(Debug, Default)]
+struct Aligned {
+    storage: Vec<u8>,
+    start: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let storage = vec![0u8; len + ALIGN];
+        let start = storage.as_ptr().align_offset(ALIGN).min(ALIGN);
+        Aligned { storage, start }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.storage[self.start..]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..]
+    }
+}
+
+/// A buffer out of its pool (or a one-off for an outsized segment); returns on drop.
+#[derive(Debug)]
+struct Lent {
+    buf: Aligned,
+    pool: Option<ReadBuffers>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.bytes()
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            let (lock, ready) = &*pool.shared;
+            let mut p = lock.lock().unwrap_or_else(|e| e.into_inner());
+            p.free.push(std::mem::take(&mut self.buf));
+            ready.notify_one();
+        }
+    }
+}
+
+impl ReadBuffers {
+    /// `count` buffers, each large enough for a fill plus the largest chunk `cutter` makes.
+    pub fn new(cutter: &Cutter, count: usize) -> Self {
+        let pool = Pool {
+            free: Vec::new(),
+            unmade: count.max(1),
+        };
+        ReadBuffers {
+            shared: std::sync::Arc::new((std::sync::Mutex::new(pool), std::sync::Condvar::new())),
+            len: FILL + cutter.params().max + 2 * ALIGN,
+            starved: std::sync::Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// Notified each time a thread starts waiting for a buffer.
+    pub fn starved(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        std::sync::Arc::clone(&self.starved)
+    }
+
+    /// Bytes held by all the buffers.
+    pub fn capacity_bytes(count: usize, cutter: &Cutter) -> u64 {
+        (count * (FILL + cutter.params().max + 3 * ALIGN)) as u64
+    }
+
+    /// A buffer, waiting for one to come back if all are out.
+    fn take(&self) -> Lent {
+        let (lock, ready) = &*self.shared;
+        let mut p = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(buf) = p.free.pop() {
+                return self.lend(buf);
+            }
+            if p.unmade > 0 {
+                p.unmade -= 1;
+                drop(p);
+                return self.lend(Aligned::new(self.len));
+            }
+            self.starved.notify_one();
+            p = ready.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn lend(&self, buf: Aligned) -> Lent {
+        Lent {
+            buf,
+            pool: Some(self.clone()),
+        }
+    }
+}
+
+/// Reads `want` bytes of `file` at `offset` into `buf[at..]`. With `direct`, the read is widened
+/// to whole blocks: it starts `offset % ALIGN` bytes before `at` (which the caller placed so that
+/// `buf[at - offset % ALIGN]` is block aligned) and may run past `want` into `buf`'s slack.
+/// Returns whether the direct read worked (false: the filesystem refused it, and the bytes were
+/// read the ordinary way).
+fn fill(
     path: &Path,
     file: &File,
+    direct: bool,
+    buf: &mut [u8],
+    at: usize,
+    offset: u64,
+    want: usize,
+) -> Result<bool, ClientError> {
+    let shrank =
+        || ClientError::Invalid(format!("{} shrank while it was being read", path.display()));
+    if direct {
+        let delta = (offset % ALIGN as u64) as usize;
+        let from = at - delta;
+        let len = (delta + want).div_ceil(ALIGN) * ALIGN;
+        let mut got = 0;
+        while got < delta + want {
+            match file.read_at(
+                &mut buf[from + got..from + len],
+                offset - delta as u64 + got as u64,
+            ) {
+                Ok(0) => return Err(shrank()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && got == 0 => {
+                    let mut plain = OnDisk { path, file };
+                    plain.read_exact_at(&mut buf[at..at + want], offset)?;
+                    return Ok(false);
+                }
+                Err(e) => return Err(ClientError::io(path, e)),
+            }
+        }
+        return Ok(true);
+    }
+    OnDisk { path, file }.read_exact_at(&mut buf[at..at + want], offset)?;
+    Ok(true)
+}
+
+/// Chunks and hashes one segment of a file as [`vial_core::chunker::chunk_segment`] does (the
+/// same cuts, so the same chunks), but through buffers of `buffers`, handing each fill's chunks with their bytes to
+/// `on_chunks` as they are cut. `direct` says `file` was opened with O_DIRECT.
+pub fn chunk_segment_owned(
+    path: &Path,
+    file: &File,
+    mut direct: bool,
     segment: &Segment,
     cutter: &Cutter,
-    window: &mut Window,
-    on_bytes: &dyn Fn(u64),
-) -> Result<Vec<FileChunk>, ClientError> {
-    chunker::chunk_segment(
-        &mut OnDisk { path, file },
-        segment,
-        cutter,
-        window,
-        &mut |chunk, _| {
-            on_bytes(chunk.len);
-            Ok(())
-        },
-    )
+    buffers: &ReadBuffers,
+    on_chunks: &mut dyn FnMut(Vec<(FileChunk, Bytes)>) -> Result<(), ClientError>,
+) -> Result<(), ClientError> {
+    let seg_len = (segment.end - segment.start) as usize;
+    if segment.kind == SegmentKind::Single {
+        // One chunk: a buffer of the pool if it fills a good part of one, else one of its own
+        // (so that a small chunk waiting in a pack does not hold a whole buffer).
+        let mut lent = if seg_len >= FILL / 2 && seg_len + 2 * ALIGN <= buffers.len {
+            buffers.take()
+        } else {
+            Lent {
+                buf: Aligned::new(seg_len + 2 * ALIGN),
+                pool: None,
+            }
+        };
+        let at = (segment.start % ALIGN as u64) as usize;
+        fill(
+            path,
+            file,
+            direct,
+            lent.buf.bytes_mut(),
+            at,
+            segment.start,
+            seg_len,
+        )?;
+        let bytes = Bytes::from_owner(lent).slice(at..at + seg_len);
+        let chunk = FileChunk {
+            offset: segment.start,
+            len: seg_len as u64,
+            digest: Algorithm::Sha256.digest_bytes(&bytes),
+        };
+        return on_chunks(vec![(chunk, bytes)]);
+    }
+    // The bytes read but not yet cut, and the file offset of their first byte.
+    let mut carry = Bytes::new();
+    let mut base = segment.start;
+    let mut next_read = segment.start;
+    while next_read < segment.end {
+        let mut lent = buffers.take();
+        let buf = lent.buf.bytes_mut();
+        // New bytes go at `at`: past the carry, and where a block-aligned read of `next_read`'s
+        // block lands on a block boundary (the bytes of that block before `next_read` are the
+        // carry's own last bytes, or fall before it).
+        let delta = (next_read % ALIGN as u64) as usize;
+        let at = delta + (carry.len().saturating_sub(delta)).div_ceil(ALIGN) * ALIGN;
+        let start = at - carry.len();
+        let want = ((segment.end - next_read) as usize).min(buffers.len - ALIGN - at);
+        direct = fill(path, file, direct, buf, at, next_read, want)?;
+        buf[start..at].copy_from_slice(&carry);
+        next_read += want as u64;
+        let eof = next_read >= segment.end;
+        let data = Bytes::from_owner(lent).slice(start..at + want);
+        let mut lo = 0;
+        let mut cut = Vec::new();
+        while let Some(n) = cutter.next_cut(&data[lo..], eof) {
+            let bytes = data.slice(lo..lo + n);
+            let chunk = FileChunk {
+                offset: base,
+                len: n as u64,
+                digest: Algorithm::Sha256.digest_bytes(&bytes),
+            };
+            cut.push((chunk, bytes));
+            lo += n;
+            base += n as u64;
+        }
+        carry = data.slice(lo..);
+        // The end of a segment may fill little of its buffer: copy those chunks out, so that
+        // they do not hold the whole buffer while they wait to be checked and sent.
+        let cut_bytes: usize = cut.iter().map(|(_, b)| b.len()).sum();
+        if eof && cut_bytes < FILL / 2 {
+            for (_, bytes) in &mut cut {
+                *bytes = Bytes::copy_from_slice(bytes);
+            }
+        }
+        drop(data);
+        if !cut.is_empty() {
+            on_chunks(cut)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vial_core::chunking::DEFAULT_PARAMS;
+
+    fn noise(len: usize, mut x: u64) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// The owned chunker cuts exactly what the format's chunker cuts, and hands on each chunk's
+    /// own bytes, with O_DIRECT and without, for segments that start anywhere.
+    #[test]
+    fn owned_chunks_are_the_formats_chunks_with_their_bytes() {
+        // Beside the sources rather than in /tmp, which may be a tmpfs without O_DIRECT.
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = dir.path().join("weights.bin");
+        let data = noise(45 << 20, 7);
+        std::fs::write(&path, &data).unwrap();
+        let cutter = Cutter::new(DEFAULT_PARAMS);
+        let end = data.len() as u64;
+        let segments = [
+            Segment {
+                start: 0,
+                end: 4093,
+                kind: SegmentKind::Cdc,
+            },
+            Segment {
+                start: 4093,
+                end: 4093 + 777,
+                kind: SegmentKind::Single,
+            },
+            Segment {
+                start: 4870,
+                end: 21 << 20,
+                kind: SegmentKind::Cdc,
+            },
+            Segment {
+                start: 21 << 20,
+                end: (21 << 20) + 3,
+                kind: SegmentKind::Cdc,
+            },
+            Segment {
+                start: (21 << 20) + 3,
+                end,
+                kind: SegmentKind::Cdc,
+            },
+            Segment {
+                start: end,
+                end,
+                kind: SegmentKind::Cdc,
+            },
+        ];
+        for direct in [false, true] {
+            let (file, opened_direct) = if direct {
+                open_for_reading(&path, end).unwrap()
+            } else {
+                (File::open(&path).unwrap(), false)
+            };
+            assert_eq!(
+                opened_direct, direct,
+                "this test's directory takes O_DIRECT"
+            );
+            let plain = File::open(&path).unwrap();
+            // Two buffers: one for the carry, one to fill; so a leak would hang, not pass.
+            let buffers = ReadBuffers::new(&cutter, 2);
+            for segment in &segments {
+                let mut window = vial_core::chunker::Window::for_cutter(&cutter);
+                let expected = vial_core::chunker::chunk_segment(
+                    &mut OnDisk {
+                        path: &path,
+                        file: &plain,
+                    },
+                    segment,
+                    &cutter,
+                    &mut window,
+                    &mut |_, _| Ok(()),
+                )
+                .unwrap();
+                let mut got = Vec::new();
+                chunk_segment_owned(
+                    &path,
+                    &file,
+                    direct,
+                    segment,
+                    &cutter,
+                    &buffers,
+                    &mut |cut| {
+                        for (chunk, bytes) in cut {
+                            let at = chunk.offset as usize;
+                            assert_eq!(&bytes[..], &data[at..at + chunk.len as usize]);
+                            got.push(chunk);
+                        }
+                        Ok(())
+                    },
+                )
+                .unwrap();
+                assert_eq!(got, expected, "segment {segment:?}, direct {direct}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_that_shrank_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.bin");
+        std::fs::write(&path, noise(20 << 20, 3)).unwrap();
+        let (file, direct) = open_for_reading(&path, 20 << 20).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(5 << 20)
+            .unwrap();
+        let cutter = Cutter::new(DEFAULT_PARAMS);
+        let segment = Segment {
+            start: 0,
+            end: 20 << 20,
+            kind: SegmentKind::Cdc,
+        };
+        let err = chunk_segment_owned(
+            &path,
+            &file,
+            direct,
+            &segment,
+            &cutter,
+            &ReadBuffers::new(&cutter, 2),
+            &mut |_| Ok(()),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("shrank"), "{err}");
+    }
 }

@@ -24,7 +24,7 @@ use vial_core::safetensors::Segment;
 use vial_core::volume::{build_layout, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
 use vial_core::{media, Digest, RepoName};
 
-use crate::chunker::{self, FileChunk};
+use crate::chunker::{self, FileChunk, ReadBuffers};
 use crate::progress::{Event, Progress};
 use crate::scan::{self, LocalIndex, Scanned, Stamp};
 use crate::{ClientError, Registry};
@@ -107,6 +107,20 @@ struct ChunkLoc {
     abs: Arc<PathBuf>,
     offset: u64,
     len: u64,
+    /// The bytes, as the hashers read them (`None` for files the local index vouched for: read
+    /// again if they must be uploaded).
+    bytes: Option<Bytes>,
+}
+
+/// What the hashers hand on: a file, a segment of it, and the next chunks cut from it.
+type Hashed = (usize, usize, Vec<(FileChunk, Option<Bytes>)>);
+
+/// Read buffers for the hashers: as many as the bytes a push may hold allow, but enough for the
+/// hashers never to wait on each other (each holds two at most; a pack waiting to fill pins a
+/// few).
+fn read_buffers(max_in_flight: u64, cutter: &Cutter) -> usize {
+    let one = chunker::ReadBuffers::capacity_bytes(1, cutter);
+    ((max_in_flight / one) as usize).max(16)
 }
 
 #[derive(Default)]
@@ -170,7 +184,10 @@ pub async fn push(
     let files = Arc::new(files);
 
     // Stage 1: plan and hash on blocking threads.
-    let (tx, mut rx) = mpsc::channel::<(usize, usize, Vec<FileChunk>)>(1024);
+    let buffers = ReadBuffers::new(&cutter, read_buffers(options.max_in_flight, &cutter));
+    let starved = buffers.starved();
+    let mut starving = false;
+    let (tx, mut rx) = mpsc::channel::<Hashed>(1024);
     let stats = Arc::new(Stats::default());
     let hashing = {
         let files = Arc::clone(&files);
@@ -178,12 +195,13 @@ pub async fn push(
         let stats = Arc::clone(&stats);
         let threads = options.hash_threads.max(1);
         tokio::task::spawn_blocking(move || {
-            hash_all(&files, &cutter, threads, &tx, &*progress, &stats)
+            hash_all(&files, &cutter, threads, &buffers, &tx, &*progress, &stats)
         })
     };
 
     // Stages 2 and 3: check and upload as chunks arrive.
-    let mut per_file: Vec<Vec<Option<Vec<FileChunk>>>> = vec![Vec::new(); files.len()];
+    // Each file's chunks by segment, appended as the hashers hand them on.
+    let mut per_file: Vec<Vec<Vec<FileChunk>>> = vec![Vec::new(); files.len()];
     let mut seen: HashSet<Digest> = HashSet::new();
     let mut pending: Vec<ChunkLoc> = Vec::new();
     let mut unsent: Vec<ChunkLoc> = Vec::new();
@@ -199,10 +217,16 @@ pub async fn push(
         let msg = if pending.len() >= CHECK_BATCH {
             None
         } else if pending.is_empty() {
-            rx.recv().await.map(Some).unwrap_or_else(|| {
-                closed = true;
-                None
-            })
+            tokio::select! {
+                m = rx.recv() => m.map(Some).unwrap_or_else(|| {
+                    closed = true;
+                    None
+                }),
+                () = starved.notified() => {
+                    starving = true;
+                    None
+                }
+            }
         } else {
             match rx.try_recv() {
                 Ok(m) => Some(m),
@@ -216,19 +240,20 @@ pub async fn push(
         if let Some((file, seg, chunks)) = msg {
             let slots = &mut per_file[file];
             if slots.len() <= seg {
-                slots.resize(seg + 1, None);
+                slots.resize(seg + 1, Vec::new());
             }
-            for c in &chunks {
+            for (c, bytes) in chunks {
                 if seen.insert(c.digest.clone()) {
                     pending.push(ChunkLoc {
                         digest: c.digest.clone(),
                         abs: Arc::clone(&files[file].abs),
                         offset: c.offset,
                         len: c.len,
+                        bytes,
                     });
                 }
+                slots[seg].push(c);
             }
-            slots[seg] = Some(chunks);
             if pending.len() < CHECK_BATCH {
                 continue;
             }
@@ -247,8 +272,21 @@ pub async fn push(
                 .map(|loc| vec![loc])
                 .collect()
         } else {
+            // The hashers wait for buffers, and no upload will give any back: the pack waiting
+            // to fill holds them, so it goes now.
+            let stuck = std::mem::take(&mut starving) && {
+                while let Some(done) = uploads.try_join_next() {
+                    done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
+                }
+                uploads.is_empty()
+            };
             let mut packs = into_packs(std::mem::take(&mut unsent));
-            if !closed {
+            if stuck && !closed {
+                tracing::debug!(
+                    chunks = packs.last().map_or(0, Vec::len),
+                    "sending a pack before it is full: the hashers wait for the buffers it holds"
+                );
+            } else if !closed {
                 unsent = packs.pop().unwrap_or_default();
             }
             packs
@@ -296,7 +334,6 @@ pub async fn push(
             None => per_file[i]
                 .iter()
                 .flatten()
-                .flatten()
                 .map(|c| ChunkRef {
                     digest: c.digest.clone(),
                     size: c.len,
@@ -341,12 +378,14 @@ fn hash_all(
     files: &[FileJob],
     cutter: &Cutter,
     threads: usize,
-    tx: &mpsc::Sender<(usize, usize, Vec<FileChunk>)>,
+    buffers: &ReadBuffers,
+    tx: &mpsc::Sender<Hashed>,
     progress: &dyn Progress,
     stats: &Stats,
 ) -> Result<(), ClientError> {
     let mut jobs: Vec<SegmentJob> = Vec::new();
-    let mut open: Vec<Option<File>> = Vec::with_capacity(files.len());
+    // Each file to read: a handle for planning (small reads of the header) and one for chunking.
+    let mut open: Vec<Option<(File, File, bool)>> = Vec::with_capacity(files.len());
     for (i, f) in files.iter().enumerate() {
         if let Some(cached) = &f.cached {
             let mut offset = 0;
@@ -359,7 +398,7 @@ fn hash_all(
                         digest: c.digest.clone(),
                     };
                     offset += c.size;
-                    fc
+                    (fc, None)
                 })
                 .collect();
             progress.event(Event::Hashed(f.stamp.size));
@@ -379,37 +418,38 @@ fn hash_all(
                 segment,
             });
         }
-        open.push(Some(file));
+        let (reader, direct) = chunker::open_for_reading(&f.abs, f.stamp.size)?;
+        open.push(Some((file, reader, direct)));
     }
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| -> Result<(), ClientError> {
-                    let mut buf = chunker::Window::for_cutter(cutter);
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(job) = jobs.get(i) else {
                             return Ok(());
                         };
-                        let Some(file) = &open[job.file] else {
+                        let Some((_, reader, direct)) = &open[job.file] else {
                             continue;
                         };
-                        let on_bytes = |n| {
-                            stats.bytes_read.fetch_add(n, Ordering::Relaxed);
-                            progress.event(Event::Hashed(n));
-                        };
-                        let chunks = chunker::chunk_segment(
+                        chunker::chunk_segment_owned(
                             &files[job.file].abs,
-                            file,
+                            reader,
+                            *direct,
                             &job.segment,
                             cutter,
-                            &mut buf,
-                            &on_bytes,
+                            buffers,
+                            &mut |cut| {
+                                let n: u64 = cut.iter().map(|(c, _)| c.len).sum();
+                                stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+                                progress.event(Event::Hashed(n));
+                                let cut = cut.into_iter().map(|(c, b)| (c, Some(b))).collect();
+                                tx.blocking_send((job.file, job.seg, cut))
+                                    .map_err(|_| ClientError::Invalid("push was cancelled".into()))
+                            },
                         )?;
-                        if tx.blocking_send((job.file, job.seg, chunks)).is_err() {
-                            return Err(ClientError::Invalid("push was cancelled".into()));
-                        }
                     }
                 })
             })
@@ -427,7 +467,7 @@ fn hash_all(
     })?;
     // A file whose size changed since the scan would produce a tree that lies about it.
     for (f, file) in files.iter().zip(&open) {
-        if let Some(file) = file {
+        if let Some((file, _, _)) = file {
             let now = file
                 .metadata()
                 .map_err(|e| ClientError::io(&*f.abs, e))?
@@ -498,7 +538,11 @@ async fn upload_group(
     pool: &BufferPool,
 ) -> Result<(), ClientError> {
     let sent = if group.len() > 1 {
-        let parts = read_chunks(group.to_vec(), pool).await?;
+        let held: Option<Vec<Bytes>> = group.iter().map(|c| c.bytes.clone()).collect();
+        let parts = match held {
+            Some(parts) => parts,
+            None => read_chunks(group.to_vec(), pool).await?,
+        };
         let list: Vec<(Digest, u64)> = group.iter().map(|c| (c.digest.clone(), c.len)).collect();
         match registry.push_pack(repo, &list, parts).await {
             Ok(sent) => sent,
@@ -674,19 +718,19 @@ async fn upload_chunk(
 ) -> Result<(), ClientError> {
     let abs = Arc::clone(&loc.abs);
     let (offset, len) = (loc.offset, loc.len);
-    let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, ClientError> {
-        let file = File::open(&*abs).map_err(|e| ClientError::io(&*abs, e))?;
-        let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, offset)
-            .map_err(|e| ClientError::io(&*abs, e))?;
-        Ok(buf)
-    })
-    .await
-    .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))??;
-    match registry
-        .push_blob(repo, &loc.digest, Bytes::from(bytes))
+    let bytes = match &loc.bytes {
+        Some(bytes) => bytes.clone(),
+        None => tokio::task::spawn_blocking(move || -> Result<Bytes, ClientError> {
+            let file = File::open(&*abs).map_err(|e| ClientError::io(&*abs, e))?;
+            let mut buf = vec![0u8; len as usize];
+            file.read_exact_at(&mut buf, offset)
+                .map_err(|e| ClientError::io(&*abs, e))?;
+            Ok(Bytes::from(buf))
+        })
         .await
-    {
+        .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))??,
+    };
+    match registry.push_blob(repo, &loc.digest, bytes).await {
         Err(ClientError::Registry { code, .. }) if code == "DIGEST_INVALID" => {
             Err(ClientError::Invalid(format!(
                 "{} changed while it was being pushed (bytes at offset {offset} no longer match)",

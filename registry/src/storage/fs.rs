@@ -2,7 +2,6 @@
 //! under `packs/<xx>/<id>`, uploads under `uploads/<id>`, published by fsync and rename so a crash
 //! leaves either nothing or the whole file.
 
-use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -12,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::io::ReaderStream;
 use vial_core::Digest;
 
+use super::direct::UploadWriter;
 use super::{BlobStore, ByteRange, ByteStream, PackId, StorageError, VerifyFuture};
 
 /// Size of the reads that feed a blob GET. Large reads keep syscalls off the profile.
@@ -181,14 +181,13 @@ impl BlobStore for FsBlobStore {
         let writer_path = path.clone();
         let writer = tokio::task::spawn_blocking(move || -> Result<u64, StorageError> {
             let io = |e| StorageError::io(&writer_path, e);
-            let mut file = match std::fs::OpenOptions::new().write(true).open(&writer_path) {
-                Ok(f) => f,
+            let (mut file, actual) = match UploadWriter::open(&writer_path, offset) {
+                Ok(opened) => opened,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     return Err(StorageError::UploadMissing(id_of(&writer_path)));
                 }
                 Err(e) => return Err(io(e)),
             };
-            let actual = file.metadata().map_err(io)?.len();
             if actual != offset {
                 return Err(StorageError::OffsetMismatch {
                     id: id_of(&writer_path),
@@ -196,15 +195,16 @@ impl BlobStore for FsBlobStore {
                     actual,
                 });
             }
-            file.seek(SeekFrom::Start(offset)).map_err(io)?;
-            let mut written = offset;
-            while let Some(bytes) = rx.blocking_recv() {
-                if let Err(e) = file.write_all(&bytes) {
-                    let _ = file.set_len(offset);
-                    return Err(io(e));
+            let rollback = |e| {
+                if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&writer_path) {
+                    let _ = f.set_len(offset);
                 }
-                written += bytes.len() as u64;
+                io(e)
+            };
+            while let Some(bytes) = rx.blocking_recv() {
+                file.write(&bytes).map_err(rollback)?;
             }
+            let written = file.finish().map_err(rollback)?;
             Ok(written)
         });
 

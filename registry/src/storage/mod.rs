@@ -6,6 +6,7 @@
 //! and each runs as one transaction, so a crash between two of them never leaves a half-done change.
 
 mod blob;
+mod direct;
 mod fs;
 mod metadata;
 pub(crate) mod s3;
