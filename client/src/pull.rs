@@ -211,7 +211,8 @@ impl Writer {
             let _turn = f.writing.lock().unwrap_or_else(|e| e.into_inner());
             let mut at = offset;
             for frame in frames {
-                f.file.write_all_at(frame, at)
+                f.file
+                    .write_all_at(frame, at)
                     .map_err(|e| ClientError::io(&self.targets[file].write_to, e))?;
                 at += frame.len() as u64;
             }
