@@ -326,18 +326,7 @@ pub fn chunk_segment_owned(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vial_core::chunking::DEFAULT_PARAMS;
-
-    fn noise(len: usize, mut x: u64) -> Vec<u8> {
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    }
+    use vial_core::chunking::{noise, DEFAULT_PARAMS};
 
     /// The owned chunker cuts exactly what the format's chunker cuts, and hands on each chunk's
     /// own bytes, with O_DIRECT and without, for segments that start anywhere.

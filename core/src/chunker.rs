@@ -272,7 +272,7 @@ impl<R: std::io::Read> ReadAt for Sequential<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunking::tests::noise;
+    use crate::chunking::noise;
     use crate::chunking::DEFAULT_PARAMS;
 
     struct Slice<'a>(&'a [u8]);

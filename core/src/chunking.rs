@@ -79,22 +79,23 @@ impl Cutter {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
+/// Deterministic pseudo-random bytes (xorshift): incompressible data with cut points anywhere,
+/// for the tests and benchmarks of every crate that chunks or stores bytes.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
 
-    /// Deterministic pseudo-random bytes (xorshift), for chunking tests.
-    pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     const SMALL: ChunkParams = ChunkParams {
         min: 4096,

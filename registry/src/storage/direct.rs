@@ -11,7 +11,8 @@
 //! staging buffer and written a block-aligned MiB at a time. The last partial block is written
 //! padded with zeros and the file cut back to its length. Where the filesystem refuses O_DIRECT
 //! (tmpfs, some network filesystems), or an upload resumes at an offset that is not block aligned,
-//! the writes are ordinary ones. Either way the bytes are durable only after the caller's fsync.
+//! the writes are ordinary ones; so are those of uploads beyond the 16 that have a staging buffer.
+//! Either way the bytes are durable only after the caller's fsync.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
@@ -24,13 +25,15 @@ const ALIGN: usize = 4096;
 /// Bytes gathered before each write: large enough to keep the disk streaming, small enough that
 /// dozens of concurrent uploads stay within a few tens of MiB.
 const STAGE: usize = 1 << 20;
-/// Staging buffers kept for reuse. Memory touched for the first time costs a page fault per
-/// 4 KiB, so uploads take their buffers from here.
-const POOLED: usize = 16;
+/// Staging buffers there may be at once, which bounds their memory (16 MiB). They are made when
+/// first needed and kept for reuse (memory touched for the first time costs a page fault per
+/// 4 KiB); an upload that finds none free is written the ordinary way.
+const STAGES: usize = 16;
 
-static POOL: Mutex<Vec<Stage>> = Mutex::new(Vec::new());
+/// The staging buffers not in use, and how many were made.
+static POOL: Mutex<(Vec<Stage>, usize)> = Mutex::new((Vec::new(), 0));
 
-/// A page-aligned buffer of [`STAGE`] bytes.
+/// A page-aligned buffer of [`STAGE`] bytes; back to the pool when dropped.
 #[derive(Debug)]
 struct Stage {
     storage: Vec<u8>,
@@ -38,13 +41,19 @@ struct Stage {
 }
 
 impl Stage {
-    fn take() -> Stage {
-        let pooled = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        pooled.unwrap_or_else(|| {
-            let storage = vec![0u8; STAGE + ALIGN];
-            let start = storage.as_ptr().align_offset(ALIGN).min(ALIGN);
-            Stage { storage, start }
-        })
+    fn take() -> Option<Stage> {
+        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stage) = pool.0.pop() {
+            return Some(stage);
+        }
+        if pool.1 == STAGES {
+            return None;
+        }
+        pool.1 += 1;
+        drop(pool);
+        let storage = vec![0u8; STAGE + ALIGN];
+        let start = storage.as_ptr().align_offset(ALIGN).min(ALIGN);
+        Some(Stage { storage, start })
     }
 
     fn bytes(&mut self) -> &mut [u8] {
@@ -57,13 +66,11 @@ impl Drop for Stage {
         if self.storage.is_empty() {
             return;
         }
-        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < POOLED {
-            pool.push(Stage {
-                storage: std::mem::take(&mut self.storage),
-                start: self.start,
-            });
-        }
+        let stage = Stage {
+            storage: std::mem::take(&mut self.storage),
+            start: self.start,
+        };
+        POOL.lock().unwrap_or_else(|e| e.into_inner()).0.push(stage);
     }
 }
 
@@ -93,22 +100,26 @@ impl UploadWriter {
         let mut file = OpenOptions::new().write(true).open(path)?;
         let actual = file.metadata()?.len();
         file.seek(SeekFrom::Start(offset))?;
-        let direct = if offset.is_multiple_of(ALIGN as u64) {
-            match OpenOptions::new()
+        let stage = if offset.is_multiple_of(ALIGN as u64) {
+            Stage::take()
+        } else {
+            None
+        };
+        let direct = match stage {
+            Some(stage) => match OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_DIRECT)
                 .open(path)
             {
                 Ok(file) => Some(Direct {
                     file,
-                    stage: Stage::take(),
+                    stage,
                     filled: 0,
                 }),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
                 Err(e) => return Err(e),
-            }
-        } else {
-            None
+            },
+            None => None,
         };
         let writer = UploadWriter {
             file,
@@ -178,18 +189,10 @@ impl UploadWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vial_core::chunking::noise;
 
-    fn noise(len: usize) -> Vec<u8> {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    /// The tests that count on staging buffers take turns.
+    static SERIAL: Mutex<()> = Mutex::new(());
 
     fn append(path: &Path, offset: u64, frames: &[&[u8]]) -> u64 {
         let (mut w, actual) = UploadWriter::open(path, offset).unwrap();
@@ -202,10 +205,11 @@ mod tests {
 
     #[test]
     fn frames_of_any_size_land_whole_at_any_offset() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         // Beside the sources rather than in /tmp, which may be a tmpfs without O_DIRECT.
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let path = dir.path().join("upload");
-        let data = noise(3 * STAGE + 12_345);
+        let data = noise(3 * STAGE + 12_345, 1);
         File::create(&path).unwrap();
         let (writer, _) = UploadWriter::open(&path, 0).unwrap();
         assert!(
@@ -228,6 +232,33 @@ mod tests {
             data.len() as u64
         );
         assert_eq!(std::fs::read(&path).unwrap(), data);
+    }
+
+    #[test]
+    fn uploads_beyond_the_staging_buffers_are_written_the_ordinary_way() {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let data = noise(STAGE + 4321, 2);
+        let mut writers = Vec::new();
+        // Uploads of the fs store's tests may hold some buffers too, so the ordinary writer
+        // comes at the latest once all of them are out.
+        for i in 0..=STAGES {
+            let path = dir.path().join(format!("upload-{i}"));
+            File::create(&path).unwrap();
+            let (w, _) = UploadWriter::open(&path, 0).unwrap();
+            let plain = w.direct.is_none();
+            writers.push((path, w));
+            if plain {
+                break;
+            }
+        }
+        assert!(writers.last().unwrap().1.direct.is_none());
+        assert!(writers.len() <= STAGES + 1);
+        for (path, mut w) in writers {
+            w.write(&data).unwrap();
+            assert_eq!(w.finish().unwrap(), data.len() as u64);
+            assert_eq!(std::fs::read(&path).unwrap(), data);
+        }
     }
 
     #[test]

@@ -434,16 +434,6 @@ pub struct Candidates<T> {
     pub next: Option<String>,
 }
 
-impl<T> Default for Candidates<T> {
-    fn default() -> Self {
-        Candidates {
-            examined: 0,
-            ready: Vec::new(),
-            next: None,
-        }
-    }
-}
-
 /// A blob a collection pass may remove: its size and whether it has bytes of its own (a chunk
 /// that is a range of a pack or of another blob does not).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -117,11 +117,8 @@ impl SqlMetadataStore {
         }
         let d = self.dialect;
         sqlx::query(&format!(
-            "DELETE FROM {table} WHERE ({column}, queued) IN
-               (SELECT {}, {} FROM {})",
-            d.json_field("value", 0, key_type(column)),
-            d.json_field("value", 1, "BIGINT"),
-            d.json_rows("$1"),
+            "DELETE FROM {table} WHERE ({column}, queued) IN {}",
+            d.json_pairs("$1", key_type(column), "BIGINT"),
         ))
         .bind(serde_json::to_string(settled).unwrap_or_default())
         .execute(&self.writer)
@@ -260,14 +257,7 @@ impl SqlMetadataStore {
         purged: &[(RepoName, Digest)],
     ) -> Result<Vec<i64>, StorageError> {
         let d = self.dialect;
-        let pairs = |ty: &str| {
-            format!(
-                "(SELECT {}, {} FROM {})",
-                d.json_field("value", 0, ty),
-                d.json_field("value", 1, "TEXT"),
-                d.json_rows("$1"),
-            )
-        };
+        let pairs = |ty: &str| d.json_pairs("$1", ty, "TEXT");
         let named: Vec<(&str, &str)> = purged
             .iter()
             .map(|(r, m)| (r.as_str(), m.as_str()))

@@ -416,11 +416,9 @@ impl ManifestMeta for SqlMetadataStore {
         let rows = sqlx::query(&format!(
             "SELECT m.repository_id, m.digest, r.name FROM manifests m
                JOIN repositories r ON r.id = m.repository_id
-              WHERE (r.name, m.digest) IN (SELECT {}, {} FROM {}) AND m.deleted_at IS NOT NULL
+              WHERE (r.name, m.digest) IN {} AND m.deleted_at IS NOT NULL
               ORDER BY m.repository_id, m.digest{lock}",
-            d.json_field("value", 0, "TEXT"),
-            d.json_field("value", 1, "TEXT"),
-            d.json_rows("$1"),
+            d.json_pairs("$1", "TEXT", "TEXT"),
         ))
         .bind(serde_json::to_string(&named).unwrap_or_default())
         .fetch_all(&mut *tx)
@@ -439,12 +437,7 @@ impl ManifestMeta for SqlMetadataStore {
         let mut first = true;
         while !doomed.is_empty() {
             let set = serde_json::to_string(&doomed).unwrap_or_default();
-            let pairs = format!(
-                "(SELECT {}, {} FROM {})",
-                d.json_field("value", 0, "BIGINT"),
-                d.json_field("value", 1, "TEXT"),
-                d.json_rows("$1"),
-            );
+            let pairs = d.json_pairs("$1", "BIGINT", "TEXT");
             if !first && d == Dialect::Postgres {
                 // Holds off concurrent pushes that rely on these children (they take FOR SHARE).
                 sqlx::query(&format!(

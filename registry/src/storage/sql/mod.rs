@@ -79,6 +79,17 @@ impl Dialect {
         }
     }
 
+    /// A subquery of two typed columns from the JSON array of pairs bound to `param`, for
+    /// `WHERE (a, b) IN …`: element 0 of each pair as SQL type `t0`, element 1 as `t1`.
+    fn json_pairs(self, param: &str, t0: &str, t1: &str) -> String {
+        format!(
+            "(SELECT {}, {} FROM {})",
+            self.json_field("value", 0, t0),
+            self.json_field("value", 1, t1),
+            self.json_rows(param),
+        )
+    }
+
     /// The string annotation `key` of the JSON object in `column` as a BIGINT; NULL when absent
     /// and 0 when it is not a number (never an error, whatever a client annotated).
     fn annotation_bigint(self, column: &str, key: &str) -> String {
