@@ -92,25 +92,35 @@ struct Pool {
     unmade: usize,
 }
 
-/// A page-aligned region of `storage`.
+/// A buffer that starts on a page boundary: the kernel copies file bytes into a misaligned one at a
+/// fraction of the speed (../shared/LIMITS.md measured 1.8 against 9-11 GB/s), and O_DIRECT needs
+/// it. Also the pack buffers of `push::read_chunks`.
 #[derive(Debug, Default)]
-struct Aligned {
+pub(crate) struct Aligned {
     storage: Vec<u8>,
     start: usize,
 }
 
 impl Aligned {
-    fn new(len: usize) -> Self {
+    /// At least `len` zeroed bytes from a page boundary.
+    pub(crate) fn new(len: usize) -> Self {
         let storage = vec![0u8; len + ALIGN];
         let start = storage.as_ptr().align_offset(ALIGN).min(ALIGN);
         Aligned { storage, start }
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// Makes room for at least `len` bytes, replacing the buffer if it is smaller.
+    pub(crate) fn grow(&mut self, len: usize) {
+        if self.bytes().len() < len {
+            *self = Aligned::new(len);
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.storage[self.start..]
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.storage[self.start..]
     }
 }

@@ -24,7 +24,7 @@ use vial_core::safetensors::Segment;
 use vial_core::volume::{build_layout, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
 use vial_core::{media, Digest, RepoName};
 
-use crate::chunker::{self, FileChunk, ReadBuffers};
+use crate::chunker::{self, Aligned, FileChunk, ReadBuffers};
 use crate::progress::{Event, Progress};
 use crate::scan::{self, LocalIndex, Scanned, Stamp};
 use crate::{ClientError, Registry};
@@ -584,7 +584,7 @@ async fn read_chunks(chunks: Vec<ChunkLoc>, pool: &BufferPool) -> Result<Vec<Byt
     tokio::task::spawn_blocking(move || -> Result<Vec<Bytes>, ClientError> {
         let total: u64 = chunks.iter().map(|c| c.len).sum();
         let mut page = pool.take(total as usize);
-        let buf = page.as_mut();
+        let buf = page.bytes_mut();
         let mut open: Option<(Arc<PathBuf>, File)> = None;
         let mut at = 0usize;
         let mut i = 0;
@@ -630,43 +630,14 @@ async fn read_chunks(chunks: Vec<ChunkLoc>, pool: &BufferPool) -> Result<Vec<Byt
 /// 4 KiB (about a second of system time per GiB on a VM here); a first push reads every new byte
 /// into a pack body, so those bodies reuse the few buffers the in-flight bound allows.
 #[derive(Clone, Default)]
-struct BufferPool(Arc<std::sync::Mutex<Vec<PageBuf>>>);
-
-/// A buffer that starts on a page boundary: the kernel copies file bytes into a misaligned one
-/// at a fraction of the speed (../shared/LIMITS.md measured 1.8 against 9-11 GB/s).
-#[derive(Default)]
-struct PageBuf {
-    storage: Vec<u8>,
-    start: usize,
-}
-
-impl PageBuf {
-    const PAGE: usize = 4096;
-
-    /// At least `len` initialised bytes from a page boundary.
-    fn grow(&mut self, len: usize) {
-        if self.storage.len() - self.start < len {
-            let storage = vec![0u8; len + Self::PAGE];
-            self.start = storage.as_ptr().align_offset(Self::PAGE).min(Self::PAGE);
-            self.storage = storage;
-        }
-    }
-
-    fn as_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..]
-    }
-
-    fn as_ref(&self) -> &[u8] {
-        &self.storage[self.start..]
-    }
-}
+struct BufferPool(Arc<std::sync::Mutex<Vec<Aligned>>>);
 
 /// Buffers kept for reuse at most; more than the in-flight bound ever needs at once.
 const POOLED: usize = 8;
 
 impl BufferPool {
     /// A buffer of at least `len` initialised bytes.
-    fn take(&self, len: usize) -> PageBuf {
+    fn take(&self, len: usize) -> Aligned {
         let mut buf = self
             .0
             .lock()
@@ -680,7 +651,7 @@ impl BufferPool {
 
     /// The first `len` bytes of `buf` as [`Bytes`]; the buffer returns to the pool when the last
     /// clone or slice of them is dropped.
-    fn freeze(&self, buf: PageBuf, len: usize) -> Bytes {
+    fn freeze(&self, buf: Aligned, len: usize) -> Bytes {
         Bytes::from_owner(Pooled {
             buf,
             len,
@@ -690,14 +661,14 @@ impl BufferPool {
 }
 
 struct Pooled {
-    buf: PageBuf,
+    buf: Aligned,
     len: usize,
     pool: BufferPool,
 }
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        &self.buf.as_ref()[..self.len]
+        &self.buf.bytes()[..self.len]
     }
 }
 
