@@ -137,36 +137,66 @@ impl BlobMeta for SqlMetadataStore {
         if digests.is_empty() {
             return Ok(Vec::new());
         }
-        let set = self.dialect.text_set("$2");
-        let asked = digest_set(digests.iter());
-        if presence != Presence::LinkAcross {
-            let rows: Vec<String> = sqlx::query_scalar(&format!(
-                "SELECT rb.digest FROM repository_blobs rb JOIN repositories r ON r.id = rb.repository_id
-                  WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {set})"
-            ))
-            .bind(repo.as_str())
-            .bind(&asked)
-            .fetch_all(&self.reader)
-            .await?;
-            let present = rows
-                .iter()
-                .map(|d| parse_digest(d))
-                .collect::<Result<Vec<_>, _>>()?;
-            // A pusher that learns a blob is here will reference it soon: keep it out of the
-            // next collection's reach for the grace period.
-            if presence == Presence::Touch && !present.is_empty() {
-                let mut tx = self.writer.begin().await?;
-                touch_all(
-                    &mut tx,
-                    &digest_set(present.iter()),
-                    self.dialect,
-                    self.stale_touch(now_millis()),
-                )
-                .await?;
-                tx.commit().await?;
+        // What the repository holds already, read without a lock or a transaction: the common
+        // answer (a re-push finds most of its chunks here) then costs one indexed read.
+        let rows = sqlx::query(&format!(
+            "SELECT rb.digest, b.touched_at FROM repository_blobs rb
+               JOIN repositories r ON r.id = rb.repository_id
+               JOIN blobs b ON b.digest = rb.digest
+              WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {})",
+            self.dialect.text_set("$2")
+        ))
+        .bind(repo.as_str())
+        .bind(digest_set(digests.iter()))
+        .fetch_all(&self.reader)
+        .await?;
+        let stale_before = self.stale_touch(now_millis());
+        let mut present = Vec::with_capacity(rows.len());
+        let mut stale = Vec::new();
+        for row in &rows {
+            let digest: String = row.try_get("digest")?;
+            let touched: Option<i64> = row.try_get("touched_at")?;
+            if presence != Presence::Answer && touched.is_some_and(|t| t < stale_before) {
+                stale.push(digest);
+            } else {
+                present.push(parse_digest(&digest)?);
             }
+        }
+        // A pusher that learns a blob is here will reference it soon: keep it out of the next
+        // collection's reach for the grace period. A touch within the slack is recent enough (a
+        // pass adds the slack to the grace period); an older one is written, and a blob a
+        // collection removed since the read above is not there to touch, so it is not reported.
+        if !stale.is_empty() {
+            // On PostgreSQL the rows are taken in digest order, as a collection takes them, so
+            // neither waits on the other in a cycle.
+            let rows = match self.dialect {
+                Dialect::Postgres => format!(
+                    "SELECT digest FROM blobs WHERE digest IN (SELECT value FROM {})
+                      ORDER BY digest FOR UPDATE",
+                    self.dialect.text_set("$2")
+                ),
+                Dialect::Sqlite => format!("SELECT value FROM {}", self.dialect.text_set("$2")),
+            };
+            let touched: Vec<String> = sqlx::query_scalar(&format!(
+                "UPDATE blobs SET touched_at = $1 WHERE digest IN ({rows}) RETURNING digest"
+            ))
+            .bind(now_millis())
+            .bind(serde_json::to_string(&stale).map_err(|e| StorageError::Corrupt(e.to_string()))?)
+            .fetch_all(&self.writer)
+            .await?;
+            for digest in &touched {
+                present.push(parse_digest(digest)?);
+            }
+        }
+        if presence != Presence::LinkAcross {
             return Ok(present);
         }
+        let held: std::collections::HashSet<&Digest> = present.iter().collect();
+        let elsewhere: Vec<&Digest> = digests.iter().filter(|d| !held.contains(d)).collect();
+        if elsewhere.is_empty() {
+            return Ok(present);
+        }
+        let asked = digest_set(elsewhere.into_iter());
         let mut tx = self.writer.begin().await?;
         let repo_id = repo_id_for_write(&mut tx, repo).await?;
         // Held until the links commit, so a collection cannot remove a blob in between.
@@ -187,23 +217,21 @@ impl BlobMeta for SqlMetadataStore {
                 serde_json::to_string(&known).map_err(|e| StorageError::Corrupt(e.to_string()))?;
             sqlx::query(&format!(
                 "INSERT INTO repository_blobs (repository_id, digest, created_at)
-                 SELECT $1, value, $3 FROM {set} WHERE true ON CONFLICT DO NOTHING"
+                 SELECT $1, value, $3 FROM {} WHERE true ON CONFLICT DO NOTHING",
+                self.dialect.text_set("$2")
             ))
             .bind(repo_id)
             .bind(&known_set)
             .bind(now_millis())
             .execute(&mut *tx)
             .await?;
-            touch_all(
-                &mut tx,
-                &known_set,
-                self.dialect,
-                self.stale_touch(now_millis()),
-            )
-            .await?;
+            touch_all(&mut tx, &known_set, self.dialect, stale_before).await?;
         }
         tx.commit().await?;
-        known.iter().map(|d| parse_digest(d)).collect()
+        for digest in &known {
+            present.push(parse_digest(digest)?);
+        }
+        Ok(present)
     }
 
     async fn blob_location(
@@ -401,5 +429,129 @@ impl BlobMeta for SqlMetadataStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blob(c: char) -> Digest {
+        parse_digest(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
+    }
+
+    /// The presence check answers what the repository holds, writes a touch only for a blob whose
+    /// last one is older than the slack (a minute here), and links what other repositories hold
+    /// only when asked.
+    async fn presence_touches_only_stale_blobs_and_links_only_across(store: &SqlMetadataStore) {
+        let db = &store.writer;
+        let (stale, fresh, elsewhere, unknown) = (blob('1'), blob('2'), blob('3'), blob('4'));
+        let recent = now_millis() - 1000;
+        for (name, id) in [("a/b", 1), ("c/d", 2)] {
+            sqlx::query("INSERT INTO repositories (id, name, created_at) VALUES ($1, $2, 0)")
+                .bind(id)
+                .bind(name)
+                .execute(db)
+                .await
+                .unwrap();
+        }
+        for (digest, touched, repo) in [(&stale, 0, 1), (&fresh, recent, 1), (&elsewhere, 0, 2)] {
+            sqlx::query(
+                "INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 1, 0, $2)",
+            )
+            .bind(digest.as_str())
+            .bind(touched)
+            .execute(db)
+            .await
+            .unwrap();
+            sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, 0)")
+                .bind(repo)
+                .bind(digest.as_str())
+                .execute(db)
+                .await
+                .unwrap();
+        }
+        let touched = |d: &Digest| {
+            sqlx::query_scalar::<_, i64>("SELECT touched_at FROM blobs WHERE digest = $1")
+                .bind(d.as_str().to_owned())
+                .fetch_one(db)
+        };
+        let repo: RepoName = "a/b".parse().unwrap();
+        let asked = [
+            stale.clone(),
+            fresh.clone(),
+            elsewhere.clone(),
+            unknown.clone(),
+        ];
+        let check = |presence| store.link_present_blobs(&repo, &asked, presence);
+        let sorted = |mut v: Vec<Digest>| {
+            v.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            v
+        };
+
+        assert_eq!(
+            sorted(check(Presence::Answer).await.unwrap()),
+            [stale.clone(), fresh.clone()]
+        );
+        assert_eq!(
+            touched(&stale).await.unwrap(),
+            0,
+            "an answer alone wrote a touch"
+        );
+
+        assert_eq!(
+            sorted(check(Presence::Touch).await.unwrap()),
+            [stale.clone(), fresh.clone()]
+        );
+        assert!(
+            touched(&stale).await.unwrap() > recent,
+            "a stale touch was not renewed"
+        );
+        assert_eq!(
+            touched(&fresh).await.unwrap(),
+            recent,
+            "a fresh touch was rewritten"
+        );
+        assert_eq!(
+            touched(&elsewhere).await.unwrap(),
+            0,
+            "another repository's blob was touched"
+        );
+
+        assert_eq!(
+            sorted(check(Presence::LinkAcross).await.unwrap()),
+            [stale.clone(), fresh.clone(), elsewhere.clone()]
+        );
+        assert!(
+            touched(&elsewhere).await.unwrap() > recent,
+            "a blob linked across was not touched"
+        );
+        assert_eq!(
+            sorted(check(Presence::Answer).await.unwrap()),
+            [stale, fresh, elsewhere],
+            "the blob linked across is not in the repository"
+        );
+    }
+
+    #[tokio::test]
+    async fn presence_touches_only_stale_blobs_and_links_only_across_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlMetadataStore::open_sqlite(&dir.path().join("m.db"))
+            .await
+            .unwrap()
+            .with_touch_slack(std::time::Duration::from_secs(60));
+        presence_touches_only_stale_blobs_and_links_only_across(&store).await;
+    }
+
+    #[tokio::test]
+    async fn presence_touches_only_stale_blobs_and_links_only_across_on_postgres() {
+        let Some(url) = super::super::test_postgres_database().await else {
+            return;
+        };
+        let store = SqlMetadataStore::open_postgres(&url)
+            .await
+            .unwrap()
+            .with_touch_slack(std::time::Duration::from_secs(60));
+        presence_touches_only_stale_blobs_and_links_only_across(&store).await;
     }
 }
