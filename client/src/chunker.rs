@@ -12,6 +12,7 @@ use vial_core::chunking::Cutter;
 use vial_core::safetensors::{Segment, SegmentKind};
 use vial_core::Algorithm;
 
+use crate::aligned::{Aligned, ALIGN};
 use crate::ClientError;
 
 /// Positional reads of a file being pushed.
@@ -42,8 +43,6 @@ pub fn plan_file(path: &Path, file: &File, size: u64) -> Result<Vec<Segment>, Cl
     chunker::plan(&path.to_string_lossy(), &mut OnDisk { path, file }, size)
 }
 
-/// Alignment of O_DIRECT reads: buffer address, length and file offset.
-const ALIGN: usize = 4096;
 /// Bytes read per fill of a [`ReadBuffers`] buffer (which also holds the unfinished chunk
 /// carried over from the previous fill, up to the largest chunk).
 const FILL: usize = 8 << 20;
@@ -90,39 +89,6 @@ struct Pool {
     free: Vec<Aligned>,
     /// Buffers not yet allocated (allocated on first need, so a small push stays small).
     unmade: usize,
-}
-
-/// A buffer that starts on a page boundary: the kernel copies file bytes into a misaligned one at a
-/// fraction of the speed (../shared/LIMITS.md measured 1.8 against 9-11 GB/s), and O_DIRECT needs
-/// it. Also the pack buffers of `push::read_chunks`.
-#[derive(Debug, Default)]
-pub(crate) struct Aligned {
-    storage: Vec<u8>,
-    start: usize,
-}
-
-impl Aligned {
-    /// At least `len` zeroed bytes from a page boundary.
-    pub(crate) fn new(len: usize) -> Self {
-        let storage = vec![0u8; len + ALIGN];
-        let start = storage.as_ptr().align_offset(ALIGN).min(ALIGN);
-        Aligned { storage, start }
-    }
-
-    /// Makes room for at least `len` bytes, replacing the buffer if it is smaller.
-    pub(crate) fn grow(&mut self, len: usize) {
-        if self.bytes().len() < len {
-            *self = Aligned::new(len);
-        }
-    }
-
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &self.storage[self.start..]
-    }
-
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..]
-    }
 }
 
 /// A buffer out of its pool (or a one-off for an outsized segment); returns on drop.

@@ -24,7 +24,8 @@ use vial_core::safetensors::Segment;
 use vial_core::volume::{build_layout, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
 use vial_core::{media, Digest, RepoName};
 
-use crate::chunker::{self, Aligned, FileChunk, ReadBuffers};
+use crate::aligned::BufferPool;
+use crate::chunker::{self, FileChunk, ReadBuffers};
 use crate::progress::{Event, Progress};
 use crate::scan::{self, LocalIndex, Scanned, Stamp};
 use crate::{ClientError, Registry};
@@ -210,7 +211,7 @@ pub async fn push(
     let mib_limit = Arc::new(Semaphore::new(
         ((options.max_in_flight >> 20).max(PACK_TARGET >> 20)) as usize,
     ));
-    let pool = BufferPool::default();
+    let pool = BufferPool::new(POOLED);
     let mut closed = false;
     while !closed {
         // Take everything available, then flush a batch if it is full or the hashers paused.
@@ -583,7 +584,8 @@ async fn read_chunks(chunks: Vec<ChunkLoc>, pool: &BufferPool) -> Result<Vec<Byt
     let pool = pool.clone();
     tokio::task::spawn_blocking(move || -> Result<Vec<Bytes>, ClientError> {
         let total: u64 = chunks.iter().map(|c| c.len).sum();
-        let mut page = pool.take(total as usize);
+        // Every pack fits a buffer of the target size, so a pooled buffer never grows twice.
+        let mut page = pool.take((total as usize).max(PACK_TARGET as usize));
         let buf = page.bytes_mut();
         let mut open: Option<(Arc<PathBuf>, File)> = None;
         let mut at = 0usize;
@@ -613,7 +615,7 @@ async fn read_chunks(chunks: Vec<ChunkLoc>, pool: &BufferPool) -> Result<Vec<Byt
             at += len as usize;
             i = end;
         }
-        let whole = pool.freeze(page, total as usize);
+        let whole = pool.freeze(page, 0..total as usize);
         let mut parts = Vec::with_capacity(chunks.len());
         let mut at = 0usize;
         for c in &chunks {
@@ -626,61 +628,10 @@ async fn read_chunks(chunks: Vec<ChunkLoc>, pool: &BufferPool) -> Result<Vec<Byt
     .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))?
 }
 
-/// Pack-sized buffers, reused. Memory a process touches for the first time costs a page fault per
-/// 4 KiB (about a second of system time per GiB on a VM here); a first push reads every new byte
-/// into a pack body, so those bodies reuse the few buffers the in-flight bound allows.
-#[derive(Clone, Default)]
-struct BufferPool(Arc<std::sync::Mutex<Vec<Aligned>>>);
-
-/// Buffers kept for reuse at most; more than the in-flight bound ever needs at once.
+/// Pack buffers kept for reuse at most; more than the in-flight bound ever needs at once. A first
+/// push reads every new byte into a pack body, so those bodies reuse the few buffers the bound
+/// allows (see [`crate::aligned`] on what fresh memory costs).
 const POOLED: usize = 8;
-
-impl BufferPool {
-    /// A buffer of at least `len` initialised bytes.
-    fn take(&self, len: usize) -> Aligned {
-        let mut buf = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
-        // Every pack fits a buffer of the target size, so a pooled buffer never grows twice.
-        buf.grow(len.max(PACK_TARGET as usize));
-        buf
-    }
-
-    /// The first `len` bytes of `buf` as [`Bytes`]; the buffer returns to the pool when the last
-    /// clone or slice of them is dropped.
-    fn freeze(&self, buf: Aligned, len: usize) -> Bytes {
-        Bytes::from_owner(Pooled {
-            buf,
-            len,
-            pool: self.clone(),
-        })
-    }
-}
-
-struct Pooled {
-    buf: Aligned,
-    len: usize,
-    pool: BufferPool,
-}
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf.bytes()[..self.len]
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        let mut pool = self.pool.0.lock().unwrap_or_else(|e| e.into_inner());
-        if pool.len() < POOLED {
-            pool.push(buf);
-        }
-    }
-}
 
 async fn upload_chunk(
     registry: &Registry,

@@ -23,12 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use vial_client::aligned::write_direct;
 use vial_core::{Algorithm, Digest};
 
 use crate::stats::Stats;
-
-/// Alignment of O_DIRECT writes: buffer address, length and file offset.
-const DIRECT_ALIGN: usize = 4096;
 
 /// Writes a new chunk file. With O_DIRECT where the filesystem has it: the bytes go from memory to
 /// the disk without being copied into the page cache, which on a cold read of a large volume costs
@@ -56,30 +54,6 @@ fn write_chunk_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         Err(e) => return Err(e),
     };
     f.write_all(bytes)
-}
-
-/// Writes `bytes` to an empty file opened with O_DIRECT. Whole blocks go straight from `bytes` when
-/// it starts on a block boundary (the fetcher's buffers do); anything else goes through an aligned
-/// copy, and the last partial block is written padded, then cut off.
-fn write_direct(f: &File, bytes: &[u8]) -> std::io::Result<()> {
-    let whole = if bytes.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
-        bytes.len() / DIRECT_ALIGN * DIRECT_ALIGN
-    } else {
-        0
-    };
-    if whole > 0 {
-        f.write_all_at(&bytes[..whole], 0)?;
-    }
-    let rest = &bytes[whole..];
-    if !rest.is_empty() {
-        let padded = rest.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-        let mut scratch = vec![0u8; padded + DIRECT_ALIGN];
-        let start = scratch.as_ptr().align_offset(DIRECT_ALIGN);
-        let block = &mut scratch[start..start + padded];
-        block[..rest.len()].copy_from_slice(rest);
-        f.write_all_at(block, whole as u64)?;
-    }
-    f.set_len(bytes.len() as u64)
 }
 
 /// The smallest cache that still holds a few chunks of the largest size.
@@ -534,6 +508,7 @@ impl ChunkCache {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use vial_client::aligned::ALIGN;
 
     fn chunk(i: u8) -> (Digest, Vec<u8>) {
         let bytes = vec![i; 30 * 1024 * 1024];
@@ -544,8 +519,8 @@ mod tests {
     fn chunk_files_hold_exactly_their_bytes_whatever_the_length_and_alignment() {
         let dir = tempfile::tempdir().unwrap();
         // One page-aligned source, read at an aligned and at a misaligned start.
-        let mut source = vec![0u8; (3 << 20) + 3 * DIRECT_ALIGN];
-        let aligned = source.as_ptr().align_offset(DIRECT_ALIGN);
+        let mut source = vec![0u8; (3 << 20) + 3 * ALIGN];
+        let aligned = source.as_ptr().align_offset(ALIGN);
         for (i, b) in source.iter_mut().enumerate() {
             *b = (i * 31 % 251) as u8;
         }

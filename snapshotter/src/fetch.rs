@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::Semaphore;
+use vial_client::aligned::{Aligned, BufferPool};
 use vial_client::{ClientError, Registry};
 use vial_core::{Digest, RepoName};
 
@@ -39,6 +40,8 @@ pub enum FetchError {
     Task(String),
 }
 
+/// Chunk buffers kept for reuse at most (a few tens of MiB).
+const POOLED: usize = 16;
 /// Memory for verified chunks waiting for their cache write.
 const PENDING_MIB: usize = 256;
 /// Memory for the most recently written verified chunks. Cache writes bypass the page cache, so
@@ -94,6 +97,8 @@ pub struct Fetcher {
     /// never queue in front of a read.
     background: Semaphore,
     timeout: Duration,
+    /// Buffers of chunks that left memory, for the next ones a run fetch collects.
+    buffers: BufferPool,
 }
 
 /// Who is waiting for a chunk.
@@ -130,6 +135,7 @@ impl Fetcher {
             demand: Semaphore::new(parallel.max(1)),
             background: Semaphore::new((parallel / 2).max(1)),
             timeout,
+            buffers: BufferPool::new(POOLED),
         }
     }
 
@@ -435,16 +441,21 @@ impl Fetcher {
         let mut accepted = tokio::task::JoinSet::new();
         let mut claims = claims.into_iter();
         let mut current = claims.next();
+        // The chunk being collected, in a buffer that starts on a page boundary: hashing is
+        // faster there, and the node cache writes it with O_DIRECT without copying it.
         let mut buf = Aligned::default();
+        let mut filled = 0usize;
         let received: Result<(), FetchError> = async {
             loop {
                 let Some(claim) = current.as_ref() else {
                     return Ok(());
                 };
                 // Hand over each chunk as it completes (chunks of zero bytes at once).
-                if buf.len() as u64 == claim.size {
+                if filled as u64 == claim.size {
                     if let Some(claim) = current.take() {
-                        self.hand_over(&mut accepted, claim, std::mem::take(&mut buf).into_bytes());
+                        let bytes = self.buffers.freeze(std::mem::take(&mut buf), 0..filled);
+                        self.hand_over(&mut accepted, claim, bytes);
+                        filled = 0;
                     }
                     current = claims.next();
                     continue;
@@ -461,7 +472,7 @@ impl Fetcher {
                         return Err(FetchError::Size {
                             digest: claim.digest.clone(),
                             expected: claim.size,
-                            actual: buf.len() as u64,
+                            actual: filled as u64,
                         })
                     }
                 };
@@ -473,18 +484,17 @@ impl Fetcher {
                             actual: frame.len() as u64,
                         });
                     };
-                    if buf.is_empty() {
-                        buf = Aligned::with_capacity(claim.size as usize);
+                    if filled == 0 {
+                        buf = self.buffers.take(claim.size as usize);
                     }
-                    let want = (claim.size - buf.len() as u64) as usize;
-                    buf.extend(&frame.split_to(want.min(frame.len())));
-                    if buf.len() as u64 == claim.size {
+                    let piece = frame.split_to((claim.size as usize - filled).min(frame.len()));
+                    buf.bytes_mut()[filled..filled + piece.len()].copy_from_slice(&piece);
+                    filled += piece.len();
+                    if filled as u64 == claim.size {
                         if let Some(claim) = current.take() {
-                            self.hand_over(
-                                &mut accepted,
-                                claim,
-                                std::mem::take(&mut buf).into_bytes(),
-                            );
+                            let bytes = self.buffers.freeze(std::mem::take(&mut buf), 0..filled);
+                            self.hand_over(&mut accepted, claim, bytes);
+                            filled = 0;
                         }
                         current = claims.next();
                     }
@@ -547,41 +557,6 @@ struct Claim {
     size: u64,
     gate: Arc<tokio::sync::Mutex<()>>,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-/// A chunk being collected into memory that starts on a page boundary: hashing is faster there,
-/// and the node cache writes such buffers with O_DIRECT without copying them.
-#[derive(Default)]
-struct Aligned {
-    buf: Vec<u8>,
-    start: usize,
-}
-
-impl Aligned {
-    const ALIGN: usize = 4096;
-
-    fn with_capacity(len: usize) -> Aligned {
-        let mut buf: Vec<u8> = Vec::with_capacity(len + Self::ALIGN);
-        let start = buf.as_ptr().align_offset(Self::ALIGN).min(Self::ALIGN);
-        buf.resize(start, 0);
-        Aligned { buf, start }
-    }
-
-    fn len(&self) -> usize {
-        self.buf.len() - self.start
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn extend(&mut self, bytes: &[u8]) {
-        self.buf.extend_from_slice(bytes);
-    }
-
-    fn into_bytes(self) -> Bytes {
-        Bytes::from(self.buf).slice(self.start..)
-    }
 }
 
 /// Bytes one run fetch asks for. Larger runs mean fewer requests (S3 GETs) but less parallelism

@@ -20,8 +20,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 
-/// Alignment of O_DIRECT writes: buffer address, length and file offset.
-const ALIGN: usize = 4096;
+use vial_client::aligned::{Aligned, ALIGN};
+
 /// Bytes gathered before each write: large enough to keep the disk streaming, small enough that
 /// dozens of concurrent uploads stay within a few tens of MiB.
 const STAGE: usize = 1 << 20;
@@ -35,10 +35,7 @@ static POOL: Mutex<(Vec<Stage>, usize)> = Mutex::new((Vec::new(), 0));
 
 /// A page-aligned buffer of [`STAGE`] bytes; back to the pool when dropped.
 #[derive(Debug)]
-struct Stage {
-    storage: Vec<u8>,
-    start: usize,
-}
+struct Stage(Aligned);
 
 impl Stage {
     fn take() -> Option<Stage> {
@@ -51,26 +48,23 @@ impl Stage {
         }
         pool.1 += 1;
         drop(pool);
-        let storage = vec![0u8; STAGE + ALIGN];
-        let start = storage.as_ptr().align_offset(ALIGN).min(ALIGN);
-        Some(Stage { storage, start })
+        Some(Stage(Aligned::new(STAGE)))
     }
 
     fn bytes(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + STAGE]
+        &mut self.0.bytes_mut()[..STAGE]
     }
 }
 
 impl Drop for Stage {
     fn drop(&mut self) {
-        if self.storage.is_empty() {
-            return;
+        let buf = std::mem::take(&mut self.0);
+        if !buf.bytes().is_empty() {
+            POOL.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+                .push(Stage(buf));
         }
-        let stage = Stage {
-            storage: std::mem::take(&mut self.storage),
-            start: self.start,
-        };
-        POOL.lock().unwrap_or_else(|e| e.into_inner()).0.push(stage);
     }
 }
 

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::io::ReaderStream;
+use vial_client::aligned::BufferPool;
 use vial_core::Digest;
 
 use super::direct::UploadWriter;
@@ -18,6 +19,11 @@ use super::{BlobStore, ByteRange, ByteStream, PackId, StorageError, VerifyFuture
 const READ_CHUNK: usize = 1024 * 1024;
 /// Read-ahead of one blob GET, in `READ_CHUNK`s: enough to keep the socket busy, little memory.
 const READ_QUEUE: usize = 4;
+/// The buffers blob reads fill, given back once their bytes are sent. Reused, because a fresh MiB
+/// costs 256 page faults and zeroing: a fifth of the registry's CPU serving a pull, before this
+/// pool (docs/performance.md). At most 32 MiB wait here.
+static READ_BUFFERS: std::sync::LazyLock<BufferPool> =
+    std::sync::LazyLock::new(|| BufferPool::new(32));
 /// Body frames buffered between the network and the writer thread of one upload. Small, so that
 /// many concurrent uploads stay within a few MiB each.
 const WRITE_QUEUE: usize = 4;
@@ -276,11 +282,10 @@ fn read_stream(file: std::fs::File, path: PathBuf, start: u64, len: u64) -> Byte
         while offset < end {
             let n = READ_CHUNK.min((end - offset) as usize);
             // Page-aligned destination: reads into misaligned buffers copy several times slower.
-            let mut buf = vec![0u8; n + 4096];
-            let at = buf.as_ptr().align_offset(4096).min(4096);
+            let mut buf = READ_BUFFERS.take(READ_CHUNK);
             let result = file
-                .read_exact_at(&mut buf[at..at + n], offset)
-                .map(|()| Bytes::from(buf).slice(at..at + n))
+                .read_exact_at(&mut buf.bytes_mut()[..n], offset)
+                .map(|()| READ_BUFFERS.freeze(buf, 0..n))
                 .map_err(|e| {
                     tracing::error!(path = %path.display(), error = %e, "blob read failed");
                     e
