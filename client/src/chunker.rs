@@ -124,7 +124,7 @@ impl ReadBuffers {
         };
         ReadBuffers {
             shared: std::sync::Arc::new((std::sync::Mutex::new(pool), std::sync::Condvar::new())),
-            len: FILL + cutter.params().max + 2 * ALIGN,
+            len: Self::buffer_len(cutter),
             starved: std::sync::Arc::new(tokio::sync::Notify::new()),
         }
     }
@@ -136,7 +136,14 @@ impl ReadBuffers {
 
     /// Bytes held by all the buffers.
     pub fn capacity_bytes(count: usize, cutter: &Cutter) -> u64 {
-        (count * (FILL + cutter.params().max + 3 * ALIGN)) as u64
+        // Each buffer's storage has a page of slack in front, to start it on a page boundary.
+        (count * (Self::buffer_len(cutter) + ALIGN)) as u64
+    }
+
+    /// The usable bytes of each buffer: a fill, the largest chunk carried over from the fill
+    /// before, and a block of slack at each end for O_DIRECT's alignment.
+    fn buffer_len(cutter: &Cutter) -> usize {
+        FILL + cutter.params().max + 2 * ALIGN
     }
 
     /// A buffer, waiting for one to come back if all are out.

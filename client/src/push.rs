@@ -267,6 +267,7 @@ pub async fn push(
         // one metadata commit for many chunks), or one by one where the registry takes no packs.
         // A pack that is not full waits for the next chunks until the scan ends, so packs stay
         // full however the hashers' output is batched (16 per GiB: the S3 PUT budget).
+        let stalled = std::mem::take(&mut starving);
         let groups = if registry.packs_unsupported() {
             std::mem::take(&mut unsent)
                 .into_iter()
@@ -275,7 +276,7 @@ pub async fn push(
         } else {
             // The hashers wait for buffers, and no upload will give any back: the pack waiting
             // to fill holds them, so it goes now.
-            let stuck = std::mem::take(&mut starving) && {
+            let stuck = stalled && {
                 while let Some(done) = uploads.try_join_next() {
                     done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
                 }

@@ -37,6 +37,29 @@ pub(super) fn parse_pack(s: &str) -> Result<PackId, StorageError> {
     PackId::parse(s).ok_or_else(|| StorageError::Corrupt(format!("stored pack id {s:?}")))
 }
 
+impl SqlMetadataStore {
+    /// The rows (`b.digest` and `columns` of `blobs b`) of those of `digests` the repository
+    /// holds, in one read.
+    async fn held_blobs(
+        &self,
+        repo: &RepoName,
+        digests: &[Digest],
+        columns: &str,
+    ) -> Result<Vec<AnyRow>, StorageError> {
+        Ok(sqlx::query(&format!(
+            "SELECT b.digest, {columns} FROM repository_blobs rb
+               JOIN repositories r ON r.id = rb.repository_id
+               JOIN blobs b ON b.digest = rb.digest
+              WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {})",
+            self.dialect.text_set("$2")
+        ))
+        .bind(repo.as_str())
+        .bind(digest_set(digests.iter()))
+        .fetch_all(&self.reader)
+        .await?)
+    }
+}
+
 #[async_trait]
 impl BlobMeta for SqlMetadataStore {
     async fn blob_in_repo(
@@ -139,17 +162,7 @@ impl BlobMeta for SqlMetadataStore {
         }
         // What the repository holds already, read without a lock or a transaction: the common
         // answer (a re-push finds most of its chunks here) then costs one indexed read.
-        let rows = sqlx::query(&format!(
-            "SELECT rb.digest, b.touched_at FROM repository_blobs rb
-               JOIN repositories r ON r.id = rb.repository_id
-               JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {})",
-            self.dialect.text_set("$2")
-        ))
-        .bind(repo.as_str())
-        .bind(digest_set(digests.iter()))
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = self.held_blobs(repo, digests, "b.touched_at").await?;
         let stale_before = self.stale_touch(now_millis());
         let mut present = Vec::with_capacity(rows.len());
         let mut stale = Vec::new();
@@ -270,17 +283,7 @@ impl BlobMeta for SqlMetadataStore {
         if digests.is_empty() {
             return Ok(HashMap::new());
         }
-        let rows = sqlx::query(&format!(
-            "SELECT b.digest, {LOCATION} FROM repository_blobs rb
-               JOIN repositories r ON r.id = rb.repository_id
-               JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {})",
-            self.dialect.text_set("$2")
-        ))
-        .bind(repo.as_str())
-        .bind(digest_set(digests.iter()))
-        .fetch_all(&self.reader)
-        .await?;
+        let rows = self.held_blobs(repo, digests, LOCATION).await?;
         rows.iter()
             .map(|row| {
                 let digest: String = row.try_get("digest")?;
