@@ -178,15 +178,22 @@ async fn collect_blobs(
         let blobs = Arc::clone(&blobs);
         Box::pin(async move { blobs.delete(&digest).await.map(drop) })
     };
-    let mut after: Option<String> = None;
+    let mut batch = state.meta.blob_candidates(None, cutoff, BATCH).await?;
     loop {
-        let batch = state
-            .meta
-            .blob_candidates(after.as_deref(), cutoff, BATCH)
-            .await?;
         report.examined += batch.examined;
         let digests: Vec<Digest> = batch.ready.iter().map(|g| g.digest.clone()).collect();
-        match state.meta.collect_blobs(&digests, cutoff, &delete).await {
+        // The next batch is read while this one is collected: the read takes no lock, and a
+        // candidate it finds settled is dropped only if nothing queued it again since (so one
+        // this collection makes garbage stays).
+        let next = async {
+            match batch.next.as_deref() {
+                Some(after) => Some(state.meta.blob_candidates(Some(after), cutoff, BATCH).await),
+                None => None,
+            }
+        };
+        let (collected, next) =
+            tokio::join!(state.meta.collect_blobs(&digests, cutoff, &delete), next);
+        match collected {
             Ok(gone) => {
                 for g in &gone {
                     tracing::debug!(digest = %g.digest, size = g.size, "blob collected");
@@ -203,10 +210,19 @@ async fn collect_blobs(
             }
         }
         progress.record(report).await;
-        match batch.next {
-            Some(next) => after = Some(next),
-            None => return Ok(()),
-        }
+        batch = match (next, batch.next.take()) {
+            (Some(Ok(next)), _) => next,
+            // Read alongside a collection whose transaction held rows the read's cleanup
+            // needed (PostgreSQL may end such a wait as a deadlock): read it again, alone.
+            (Some(Err(e)), Some(after)) => {
+                tracing::debug!(error = %error_chain(&e), "reading the next candidates again");
+                state
+                    .meta
+                    .blob_candidates(Some(&after), cutoff, BATCH)
+                    .await?
+            }
+            _ => return Ok(()),
+        };
     }
 }
 
