@@ -585,7 +585,8 @@ fn umount_with_open_files_and_a_killed_mount_process() {
     }
     assert!(
         !m.is_mounted(),
-        "the mountpoint was left mounted after the mount process died"
+        "the mountpoint was left mounted after the mount process died ({})",
+        unmount_witnesses(pid, &m.path)
     );
     assert!(
         std::fs::read_dir(&m.path).is_ok(),
@@ -603,6 +604,32 @@ fn umount_with_open_files_and_a_killed_mount_process() {
         0,
         "the node cache survives the mount process"
     );
+}
+
+/// What a failed auto-unmount leaves to look at: whether the killed process is gone (its state
+/// if not) and which fusermount processes still name the mountpoint.
+fn unmount_witnesses(pid: u32, mountpoint: &Path) -> String {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("State:"))
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "gone".into());
+    let needle = mountpoint.to_string_lossy();
+    let helpers: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.contains("fusermount") && cmdline.contains(&*needle))
+                .then(|| format!("{}: {}", e.file_name().to_string_lossy(), cmdline.trim()))
+        })
+        .collect();
+    format!("killed process {pid}: {state}; fusermount helpers: {helpers:?}")
 }
 
 fn find_mount_pid(mountpoint: &Path) -> Option<u32> {
