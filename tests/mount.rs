@@ -572,13 +572,18 @@ fn umount_with_open_files_and_a_killed_mount_process() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(
+        processes_naming(&first, "mount-guard"),
+        vec![],
+        "a mount that ended cleanly lets its guard go"
+    );
 
     // Killing the mount process unmounts (auto-unmount): no "transport endpoint is not connected".
     let m = Mount::new(home.path(), &reference, "mnt2", &[]);
     let pid = find_mount_pid(&m.path).expect("the mount process");
     crate::support::signal(pid, "KILL");
-    // fusermount3's auto-unmount helper does it once it sees the process gone; on a loaded
-    // machine (the whole suite on two cores) that took over 10 s once.
+    // fusermount3's auto-unmount helper (or the mount's guard) does it once the process is gone;
+    // on a loaded machine (the whole suite on two cores) that took over 10 s once.
     let deadline = Instant::now() + Duration::from_secs(30);
     while m.is_mounted() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -592,6 +597,31 @@ fn umount_with_open_files_and_a_killed_mount_process() {
         std::fs::read_dir(&m.path).is_ok(),
         "the mountpoint must be usable again"
     );
+
+    // fusermount3's helper misses a mount whose device closes after its socket (its check of the
+    // mountpoint fails with ECONNABORTED, not ENOTCONN); the mount's guard then detaches it.
+    // Killing the helper first leaves the guard alone to do it.
+    let m = Mount::new(home.path(), &reference, "mnt2b", &[]);
+    let pid = find_mount_pid(&m.path).expect("the mount process");
+    let helpers = fusermount_helpers(&m.path);
+    assert!(
+        !helpers.is_empty(),
+        "fusermount3 keeps a helper for an auto-unmounted mount"
+    );
+    for (helper, _) in helpers {
+        crate::support::signal(helper, "KILL");
+    }
+    crate::support::signal(pid, "KILL");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.is_mounted() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !m.is_mounted(),
+        "the guard did not detach the mount its process left behind ({})",
+        unmount_witnesses(pid, &m.path)
+    );
+    assert!(std::fs::read_dir(&m.path).is_ok());
 
     // A remount after the crash serves from the surviving cache without fetching.
     let m = Mount::new(home.path(), &reference, "mnt3", &[]);
@@ -607,7 +637,7 @@ fn umount_with_open_files_and_a_killed_mount_process() {
 }
 
 /// What a failed auto-unmount leaves to look at: whether the killed process is gone (its state
-/// if not) and which fusermount processes still name the mountpoint.
+/// if not) and which fusermount and guard processes still name the mountpoint.
 fn unmount_witnesses(pid: u32, mountpoint: &Path) -> String {
     let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -617,19 +647,31 @@ fn unmount_witnesses(pid: u32, mountpoint: &Path) -> String {
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| "gone".into());
+    let helpers = fusermount_helpers(mountpoint);
+    let guards = processes_naming(mountpoint, "mount-guard");
+    format!("killed process {pid}: {state}; fusermount helpers: {helpers:?}; guards: {guards:?}")
+}
+
+/// fusermount3 processes naming `mountpoint`: its auto-unmount helper, once the mount is made.
+fn fusermount_helpers(mountpoint: &Path) -> Vec<(u32, String)> {
+    processes_naming(mountpoint, "fusermount")
+}
+
+/// Processes whose command line holds `word` and `mountpoint`, with that command line.
+fn processes_naming(mountpoint: &Path, word: &str) -> Vec<(u32, String)> {
     let needle = mountpoint.to_string_lossy();
-    let helpers: Vec<String> = std::fs::read_dir("/proc")
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            (cmdline.contains("fusermount") && cmdline.contains(&*needle))
-                .then(|| format!("{}: {}", e.file_name().to_string_lossy(), cmdline.trim()))
+            (cmdline.contains(word) && cmdline.contains(&*needle))
+                .then(|| (pid, cmdline.trim().to_owned()))
         })
-        .collect();
-    format!("killed process {pid}: {state}; fusermount helpers: {helpers:?}")
+        .collect()
 }
 
 fn find_mount_pid(mountpoint: &Path) -> Option<u32> {

@@ -10,6 +10,7 @@ mod info;
 mod lifecycle;
 mod login;
 mod mount;
+mod mount_guard;
 mod push;
 mod seal;
 mod serve;
@@ -81,6 +82,10 @@ enum Command {
     Mount(mount::MountArgs),
     /// Unmount a volume mounted with `vial mount`.
     Umount(mount::UmountArgs),
+    /// Watches a mount process and detaches its mount if the process dies (started by
+    /// `vial mount`, not by hand).
+    #[command(hide = true)]
+    MountGuard(mount_guard::GuardArgs),
     /// Serve containerd's snapshotter API: volumes mounted lazily at container start.
     Snapshotter(containerd::SnapshotterArgs),
     /// Work with containerd: pull a volume through vial's snapshotter.
@@ -125,6 +130,7 @@ fn main() -> ExitCode {
         Command::Login(args) => login::run(args),
         Command::Mount(args) => mount::run(args),
         Command::Umount(args) => mount::run_umount(args),
+        Command::MountGuard(args) => mount_guard::run(args),
         Command::Snapshotter(args) => containerd::run_snapshotter(args),
         Command::Containerd(args) => containerd::run(args),
     };

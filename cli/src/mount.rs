@@ -188,6 +188,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("cannot mount {reference}"))?;
     runtime.block_on(mounted.lease_taken());
+    let guard = crate::mount_guard::Guard::start(&mountpoint);
     tracing::info!(%pinned, mountpoint = %mountpoint.display(), files, bytes, "mounted");
     if args.announce_ready {
         println!("ready {pinned}");
@@ -223,6 +224,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     })?;
     let _ = mounted.wait();
     mounted.close();
+    if let Some(guard) = guard {
+        guard.release();
+    }
     runtime.shutdown_timeout(Duration::from_secs(2));
     Ok(())
 }
@@ -286,6 +290,7 @@ fn run_follow(
     )
     .with_context(|| format!("cannot mount {reference}"))?;
     runtime.block_on(mounted.lease_taken());
+    let guard = crate::mount_guard::Guard::start(mountpoint);
     tracing::info!(%pinned, mountpoint = %mountpoint.display(), "mounted, following the tag");
     if args.announce_ready {
         println!("ready {pinned}");
@@ -369,6 +374,9 @@ fn run_follow(
     })?;
     let _ = mounted.wait();
     mounted.close();
+    if let Some(guard) = guard {
+        guard.release();
+    }
     Ok(())
 }
 
