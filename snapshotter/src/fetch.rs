@@ -445,60 +445,51 @@ impl Fetcher {
         // faster there, and the node cache writes it with O_DIRECT without copying it.
         let mut buf = Aligned::default();
         let mut filled = 0usize;
+        let mut frame = Bytes::new();
         let received: Result<(), FetchError> = async {
             loop {
-                let Some(claim) = current.as_ref() else {
-                    return Ok(());
-                };
                 // Hand over each chunk as it completes (chunks of zero bytes at once).
-                if filled as u64 == claim.size {
-                    if let Some(claim) = current.take() {
-                        let bytes = self.buffers.freeze(std::mem::take(&mut buf), 0..filled);
-                        self.hand_over(&mut accepted, claim, bytes);
-                        filled = 0;
-                    }
+                while let Some(claim) = current.take_if(|c| filled as u64 == c.size) {
+                    let bytes = self.buffers.freeze(std::mem::take(&mut buf), 0..filled);
+                    self.hand_over(&mut accepted, claim, bytes);
+                    filled = 0;
                     current = claims.next();
-                    continue;
                 }
-                let frame = tokio::time::timeout(self.timeout, stream.next())
-                    .await
-                    .map_err(|_| timed_out(&claim.digest))?;
-                let mut frame = match frame {
-                    Some(frame) => frame.map_err(|source| FetchError::Registry {
-                        digest: claim.digest.clone(),
-                        source,
-                    })?,
-                    None => {
-                        return Err(FetchError::Size {
-                            digest: claim.digest.clone(),
-                            expected: claim.size,
-                            actual: filled as u64,
-                        })
-                    }
-                };
-                while !frame.is_empty() {
-                    let Some(claim) = current.as_ref() else {
-                        return Err(FetchError::Size {
+                let Some(claim) = current.as_ref() else {
+                    return match frame.len() {
+                        0 => Ok(()),
+                        extra => Err(FetchError::Size {
                             digest: first.clone(),
                             expected: 0,
-                            actual: frame.len() as u64,
-                        });
+                            actual: extra as u64,
+                        }),
                     };
-                    if filled == 0 {
-                        buf = self.buffers.take(claim.size as usize);
-                    }
-                    let piece = frame.split_to((claim.size as usize - filled).min(frame.len()));
-                    buf.bytes_mut()[filled..filled + piece.len()].copy_from_slice(&piece);
-                    filled += piece.len();
-                    if filled as u64 == claim.size {
-                        if let Some(claim) = current.take() {
-                            let bytes = self.buffers.freeze(std::mem::take(&mut buf), 0..filled);
-                            self.hand_over(&mut accepted, claim, bytes);
-                            filled = 0;
+                };
+                if frame.is_empty() {
+                    let next = tokio::time::timeout(self.timeout, stream.next())
+                        .await
+                        .map_err(|_| timed_out(&claim.digest))?;
+                    frame = match next {
+                        Some(frame) => frame.map_err(|source| FetchError::Registry {
+                            digest: claim.digest.clone(),
+                            source,
+                        })?,
+                        None => {
+                            return Err(FetchError::Size {
+                                digest: claim.digest.clone(),
+                                expected: claim.size,
+                                actual: filled as u64,
+                            })
                         }
-                        current = claims.next();
-                    }
+                    };
+                    continue;
                 }
+                if filled == 0 {
+                    buf = self.buffers.take(claim.size as usize);
+                }
+                let piece = frame.split_to((claim.size as usize - filled).min(frame.len()));
+                buf.bytes_mut()[filled..filled + piece.len()].copy_from_slice(&piece);
+                filled += piece.len();
             }
         }
         .await;
