@@ -95,7 +95,12 @@ enum Found {
 
 fn probe(mountpoint: &Path, dev: u64) -> Found {
     match std::fs::File::open(mountpoint) {
-        Err(e) if matches!(e.kind(), ErrorKind::NotConnected | ErrorKind::ConnectionAborted) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::NotConnected | ErrorKind::ConnectionAborted
+            ) =>
+        {
             // A stat can still answer from cached attributes, and does say whose directory it is.
             match std::fs::symlink_metadata(mountpoint) {
                 Ok(m) if m.dev() != dev => Found::Clear,
