@@ -581,21 +581,11 @@ fn umount_with_open_files_and_a_killed_mount_process() {
     // Killing the mount process unmounts (auto-unmount): no "transport endpoint is not connected".
     let m = Mount::new(home.path(), &reference, "mnt2", &[]);
     let pid = find_mount_pid(&m.path).expect("the mount process");
-    crate::support::signal(pid, "KILL");
-    // fusermount3's auto-unmount helper (or the mount's guard) does it once the process is gone;
-    // on a loaded machine (the whole suite on two cores) that took over 10 s once.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while m.is_mounted() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        !m.is_mounted(),
-        "the mountpoint was left mounted after the mount process died ({})",
-        unmount_witnesses(pid, &m.path)
-    );
-    assert!(
-        std::fs::read_dir(&m.path).is_ok(),
-        "the mountpoint must be usable again"
+    // fusermount3's auto-unmount helper (or the mount's guard) does it once the process is gone.
+    kill_and_expect_detached(
+        &m,
+        pid,
+        "the mountpoint was left mounted after the mount process died",
     );
 
     // fusermount3's helper misses a mount whose device closes after its socket (its check of the
@@ -611,17 +601,11 @@ fn umount_with_open_files_and_a_killed_mount_process() {
     for (helper, _) in helpers {
         crate::support::signal(helper, "KILL");
     }
-    crate::support::signal(pid, "KILL");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while m.is_mounted() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(
-        !m.is_mounted(),
-        "the guard did not detach the mount its process left behind ({})",
-        unmount_witnesses(pid, &m.path)
+    kill_and_expect_detached(
+        &m,
+        pid,
+        "the guard did not detach the mount its process left behind",
     );
-    assert!(std::fs::read_dir(&m.path).is_ok());
 
     // A remount after the crash serves from the surviving cache without fetching.
     let m = Mount::new(home.path(), &reference, "mnt3", &[]);
@@ -633,6 +617,26 @@ fn umount_with_open_files_and_a_killed_mount_process() {
         m.stats()["bytes_fetched"],
         0,
         "the node cache survives the mount process"
+    );
+}
+
+/// SIGKILLs the mount process `pid` and waits for its mount to go, as it must with no one
+/// unmounting it by hand; `failure` says what it means if it does not.
+fn kill_and_expect_detached(m: &Mount, pid: u32, failure: &str) {
+    crate::support::signal(pid, "KILL");
+    // On a loaded machine (the whole suite on two cores) that took over 10 s once.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.is_mounted() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !m.is_mounted(),
+        "{failure} ({})",
+        unmount_witnesses(pid, &m.path)
+    );
+    assert!(
+        std::fs::read_dir(&m.path).is_ok(),
+        "the mountpoint must be usable again"
     );
 }
 
