@@ -105,8 +105,6 @@ struct SegmentJob {
 #[derive(Clone)]
 struct ChunkLoc {
     digest: Digest,
-    /// Index of the file in the push, which with `offset` orders a pack's chunks.
-    file: usize,
     abs: Arc<PathBuf>,
     offset: u64,
     len: u64,
@@ -249,7 +247,6 @@ pub async fn push(
                 if seen.insert(c.digest.clone()) {
                     pending.push(ChunkLoc {
                         digest: c.digest.clone(),
-                        file,
                         abs: Arc::clone(&files[file].abs),
                         offset: c.offset,
                         len: c.len,
@@ -514,11 +511,8 @@ const PACK_TARGET: u64 = 64 << 20;
 /// Most chunks in one pack (the registry takes up to 8192).
 const PACK_CHUNKS: usize = 4096;
 
-/// New chunks, in file order, grouped into packs of up to [`PACK_TARGET`] bytes. The hashers
-/// interleave their fills (8 MiB each); in file order a file's chunks sit end to end in its packs,
-/// so reading the file back takes one range of each pack rather than one range per fill.
-fn into_packs(mut chunks: Vec<ChunkLoc>) -> Vec<Vec<ChunkLoc>> {
-    chunks.sort_by_key(|c| (c.file, c.offset));
+/// Consecutive new chunks, grouped into packs of up to [`PACK_TARGET`] bytes.
+fn into_packs(chunks: Vec<ChunkLoc>) -> Vec<Vec<ChunkLoc>> {
     let mut packs: Vec<Vec<ChunkLoc>> = Vec::new();
     let mut size = 0;
     for c in chunks {
@@ -820,40 +814,4 @@ pub async fn tag_version(
         expires_at,
     )
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn packs_hold_chunks_in_file_order_and_stay_within_their_size() {
-        const MIB: u64 = 1 << 20;
-        // Two hashers' output as it arrives: 8 MiB fills of two files, interleaved.
-        let mut arrived = Vec::new();
-        for fill in 0..12u64 {
-            for file in [1usize, 0] {
-                arrived.push(ChunkLoc {
-                    digest: vial_core::Algorithm::Sha256
-                        .digest_bytes(format!("{file}/{fill}").as_bytes()),
-                    file,
-                    abs: Arc::new(PathBuf::from(format!("f{file}"))),
-                    offset: fill * 8 * MIB,
-                    len: 8 * MIB,
-                    bytes: None,
-                });
-            }
-        }
-        let packs = into_packs(arrived);
-        let order: Vec<(usize, u64)> = packs.iter().flatten().map(|c| (c.file, c.offset)).collect();
-        let mut sorted = order.clone();
-        sorted.sort_unstable();
-        assert_eq!(order, sorted, "chunks of a file sit end to end, in order");
-        assert_eq!(order.len(), 24, "every chunk is in a pack");
-        let sizes: Vec<u64> = packs
-            .iter()
-            .map(|p| p.iter().map(|c| c.len).sum())
-            .collect();
-        assert_eq!(sizes, vec![PACK_TARGET; 3], "packs fill up to their size");
-    }
 }
