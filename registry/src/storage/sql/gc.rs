@@ -748,6 +748,162 @@ mod tests {
         assert!(generation().await.is_empty());
     }
 
+    const SHARED: &str = "sha256:5555555555555555555555555555555555555555555555555555555555555555";
+
+    /// Inserts the manifest `digest` of `a/b` (made if missing) listing `blobs` (made if missing).
+    async fn manifest_listing(db: &AnyPool, digest: &str, blobs: &[&str]) {
+        sqlx::query(
+            "INSERT INTO repositories (name, created_at) VALUES ('a/b', 0) ON CONFLICT DO NOTHING",
+        )
+        .execute(db)
+        .await
+        .unwrap();
+        sqlx::query("INSERT INTO manifests (repository_id, digest, media_type, size, content, created_at)
+             SELECT id, $1, 'application/vnd.oci.image.manifest.v1+json', 2, $2, 0 FROM repositories")
+        .bind(digest)
+        .bind(b"{}".to_vec())
+        .execute(db)
+        .await
+        .unwrap();
+        for blob in blobs {
+            sqlx::query("INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 1, 0, 0) ON CONFLICT DO NOTHING")
+                .bind(*blob)
+                .execute(db)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO manifest_blobs (manifest_id, blob_id)
+                 SELECT m.id, b.id FROM manifests m, blobs b WHERE m.digest = $1 AND b.digest = $2",
+            )
+            .bind(digest)
+            .bind(*blob)
+            .execute(db)
+            .await
+            .unwrap();
+        }
+    }
+
+    /// The digests of the queued candidates, in order.
+    async fn queued(db: &AnyPool) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT b.digest FROM gc_candidates c JOIN blobs b ON b.id = c.blob_id ORDER BY b.digest",
+        )
+        .fetch_all(db)
+        .await
+        .unwrap()
+    }
+
+    /// Removing a manifest queues the blobs it was the last to list, and none that another
+    /// manifest still lists (migration 10): the pass no longer reads and drops those.
+    async fn a_removal_queues_only_what_it_leaves_unreferenced(store: &SqlMetadataStore) {
+        let db = &store.writer;
+        let (first, second) = (BLOB.replace('7', "1"), BLOB.replace('7', "2"));
+        manifest_listing(db, &first, &[SHARED, BLOB]).await;
+        manifest_listing(db, &second, &[SHARED]).await;
+        sqlx::query("DELETE FROM gc_candidates")
+            .execute(db)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM manifests WHERE digest = $1")
+            .bind(&first)
+            .execute(db)
+            .await
+            .unwrap();
+        assert_eq!(
+            queued(db).await,
+            [BLOB],
+            "only the blob no manifest lists any more"
+        );
+        sqlx::query("DELETE FROM manifests WHERE digest = $1")
+            .bind(&second)
+            .execute(db)
+            .await
+            .unwrap();
+        assert_eq!(queued(db).await, [SHARED, BLOB]);
+    }
+
+    #[tokio::test]
+    async fn a_removal_queues_only_what_it_leaves_unreferenced_on_sqlite() {
+        sqlx::any::install_default_drivers();
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlMetadataStore::open_sqlite(&dir.path().join("m.db"))
+            .await
+            .unwrap();
+        a_removal_queues_only_what_it_leaves_unreferenced(&store).await;
+    }
+
+    #[tokio::test]
+    async fn a_removal_queues_only_what_it_leaves_unreferenced_on_postgres() {
+        let Some(url) = super::super::test_postgres_database().await else {
+            return;
+        };
+        let store = SqlMetadataStore::open_postgres(&url).await.unwrap();
+        a_removal_queues_only_what_it_leaves_unreferenced(&store).await;
+    }
+
+    /// Two transactions that remove the last two references to a blob at the same time: each
+    /// alone would see the other's reference still there. The trigger's lock makes the second
+    /// check wait for the first transaction to commit, so the blob is queued.
+    #[tokio::test]
+    async fn concurrent_removals_of_the_last_references_queue_the_blob_on_postgres() {
+        let Some(url) = super::super::test_postgres_database().await else {
+            return;
+        };
+        let store = SqlMetadataStore::open_postgres(&url).await.unwrap();
+        let db = &store.writer;
+        let (first, second) = (BLOB.replace('7', "1"), BLOB.replace('7', "2"));
+        manifest_listing(db, &first, &[SHARED]).await;
+        manifest_listing(db, &second, &[SHARED]).await;
+        sqlx::query("DELETE FROM gc_candidates")
+            .execute(db)
+            .await
+            .unwrap();
+        let mut one = db.begin().await.unwrap();
+        sqlx::query("DELETE FROM manifests WHERE digest = $1")
+            .bind(&first)
+            .execute(&mut *one)
+            .await
+            .unwrap();
+        let other = {
+            let db = db.clone();
+            tokio::spawn(async move {
+                let mut two = db.begin().await.unwrap();
+                sqlx::query("DELETE FROM manifests WHERE digest = $1")
+                    .bind(&second)
+                    .execute(&mut *two)
+                    .await
+                    .unwrap();
+                two.commit().await.unwrap();
+            })
+        };
+        // The second removal has deleted its row and waits in its trigger (or, without the
+        // lock, has already committed having queued nothing).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(&store.reader)
+            .await
+            .unwrap();
+            if waiting > 0 || other.is_finished() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second removal neither waited nor ended"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        one.commit().await.unwrap();
+        other.await.unwrap();
+        assert_eq!(
+            queued(db).await,
+            [SHARED],
+            "the blob that lost its last reference was not queued"
+        );
+    }
+
     #[tokio::test]
     async fn a_candidate_queued_again_is_not_dropped_on_sqlite() {
         sqlx::any::install_default_drivers();

@@ -7,6 +7,10 @@ use vial_core::{Digest, RepoName};
 
 use super::*;
 
+/// The advisory lock (PostgreSQL) under which a removal of blob references checks which blobs it
+/// left unreferenced (migration 10 has the same number): "vialrefs" in ASCII.
+const REFERENCE_LOCK: i64 = 0x7669_616c_7265_6673;
+
 #[async_trait]
 impl ManifestMeta for SqlMetadataStore {
     async fn deleted_manifest(
@@ -412,6 +416,15 @@ impl ManifestMeta for SqlMetadataStore {
             .map(|(r, m)| (r.as_str(), m.as_str()))
             .collect();
         let mut tx = self.writer.begin().await?;
+        if d == Dialect::Postgres {
+            // The lock under which the trigger that queues collection candidates checks which
+            // blobs lost their last reference (migration 10), taken before any row lock so that
+            // two purges wait for each other here rather than deadlock in the trigger.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(REFERENCE_LOCK)
+                .execute(&mut *tx)
+                .await?;
+        }
         // The ones still deleted, held (a restore racing this waits, then finds them gone).
         let rows = sqlx::query(&format!(
             "SELECT m.repository_id, m.digest, r.name FROM manifests m

@@ -53,6 +53,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "candidates by id",
         include_str!("../../../../migrations/sqlite/0009_candidates_by_id.sql"),
     ),
+    (
+        10,
+        "queue unreferenced",
+        include_str!("../../../../migrations/sqlite/0010_queue_unreferenced.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -99,6 +104,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         9,
         "candidates by id",
         include_str!("../../../../migrations/postgres/0009_candidates_by_id.sql"),
+    ),
+    (
+        10,
+        "queue unreferenced",
+        include_str!("../../../../migrations/postgres/0010_queue_unreferenced.sql"),
     ),
 ];
 
