@@ -21,3 +21,17 @@ BEGIN
         ON CONFLICT (blob_id) DO UPDATE SET queued = gc_candidates.queued + 1;
     RETURN NULL;
 END $$;
+
+-- Collections run two batches at once (registry/src/gc.rs), and two batches may remove chunks of
+-- the same packs: both transactions then queue those packs, taking their candidate rows. Taken
+-- in pack order, neither waits on the other in a cycle.
+CREATE OR REPLACE FUNCTION vial_gc_lost_ranges() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO gc_candidates (blob_id)
+        SELECT DISTINCT s.id FROM gone g JOIN blobs s ON s.digest = g.source_digest ORDER BY s.id
+        ON CONFLICT (blob_id) DO UPDATE SET queued = gc_candidates.queued + 1;
+    INSERT INTO gc_pack_candidates (pack_id)
+        SELECT DISTINCT pack_id FROM gone WHERE pack_id IS NOT NULL ORDER BY pack_id
+        ON CONFLICT (pack_id) DO UPDATE SET queued = gc_pack_candidates.queued + 1;
+    RETURN NULL;
+END $$;

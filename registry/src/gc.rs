@@ -13,11 +13,14 @@ use serde::Serialize;
 use vial_core::Digest;
 
 use crate::error::error_chain;
-use crate::storage::{now_millis, BytesDeletion, Job, PackId, StorageError};
+use crate::storage::{now_millis, BytesDeletion, Garbage, Job, PackId, StorageError};
 use crate::AppState;
 
 /// Candidates looked at per batch, and blobs removed per transaction.
 const BATCH: u32 = 1000;
+
+/// Batches of blobs collected at once, each on its own database connection.
+const COLLECTIONS: usize = 2;
 
 /// The kind of job a pass asked for over HTTP runs as.
 pub const GC_JOB: &str = "gc";
@@ -167,63 +170,111 @@ pub async fn collect(
 }
 
 /// Goes through the blob candidates once, removing the garbage among them a batch at a time.
+///
+/// Up to [`COLLECTIONS`] batches are collected at once, each in its own transaction, while the
+/// candidates after them are read: the batches hold disjoint blob rows, which every statement
+/// takes in digest order, and the read takes no lock (a candidate it finds settled is dropped only
+/// if nothing queued it again since, so one a collection beside it makes garbage stays).
 async fn collect_blobs(
     state: &AppState,
     cutoff: i64,
     report: &mut GcReport,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
+    type Outcome = (Vec<Digest>, Result<Vec<Garbage>, StorageError>);
+    type Collection = tokio::task::JoinHandle<Outcome>;
     let blobs = Arc::clone(&state.blobs);
-    let delete = move |digest: Digest| -> BytesDeletion {
-        let blobs = Arc::clone(&blobs);
-        Box::pin(async move { blobs.delete(&digest).await.map(drop) })
+    let delete: Arc<dyn Fn(Digest) -> BytesDeletion + Send + Sync> =
+        Arc::new(move |digest: Digest| -> BytesDeletion {
+            let blobs = Arc::clone(&blobs);
+            Box::pin(async move { blobs.delete(&digest).await.map(drop) })
+        });
+    let collect = |digests: Vec<Digest>| -> Collection {
+        let (meta, delete) = (Arc::clone(&state.meta), Arc::clone(&delete));
+        tokio::spawn(async move {
+            let gone = meta.collect_blobs(&digests, cutoff, &*delete).await;
+            (digests, gone)
+        })
     };
-    let mut batch = state.meta.blob_candidates(None, cutoff, BATCH).await?;
+    // Batches whose collection failed (a deadlock PostgreSQL broke, say) go again at the end,
+    // one at a time.
+    let mut failed: Vec<Vec<Digest>> = Vec::new();
+    let mut settle = |joined: Result<Outcome, tokio::task::JoinError>, report: &mut GcReport| {
+        match joined {
+            Ok((_, Ok(gone))) => count_collected(report, &gone),
+            Ok((digests, Err(e))) => {
+                tracing::debug!(blobs = digests.len(), error = %error_chain(&e), "a batch of blobs goes again once the others are collected");
+                failed.push(digests);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a collection task failed; the next pass tries again")
+            }
+        }
+    };
+    let mut collecting: std::collections::VecDeque<Collection> = Default::default();
+    let mut after: Option<String> = None;
     loop {
-        report.examined += batch.examined;
-        let digests: Vec<Digest> = batch.ready.iter().map(|g| g.digest.clone()).collect();
-        // The next batch is read while this one is collected: the read takes no lock, and a
-        // candidate it finds settled is dropped only if nothing queued it again since (so one
-        // this collection makes garbage stays).
-        let next = async {
-            match batch.next.as_deref() {
-                Some(after) => Some(state.meta.blob_candidates(Some(after), cutoff, BATCH).await),
-                None => None,
+        let batch = match state
+            .meta
+            .blob_candidates(after.as_deref(), cutoff, BATCH)
+            .await
+        {
+            Ok(batch) => batch,
+            // Read alongside collections whose transactions held rows the read's cleanup
+            // needed (PostgreSQL may end such a wait as a deadlock): read it again, alone.
+            Err(e) => {
+                tracing::debug!(error = %error_chain(&e), "reading the next candidates again");
+                while let Some(c) = collecting.pop_front() {
+                    settle(c.await, report);
+                }
+                state
+                    .meta
+                    .blob_candidates(after.as_deref(), cutoff, BATCH)
+                    .await?
             }
         };
-        let (collected, next) =
-            tokio::join!(state.meta.collect_blobs(&digests, cutoff, &delete), next);
-        match collected {
-            Ok(gone) => {
-                for g in &gone {
-                    tracing::debug!(digest = %g.digest, size = g.size, "blob collected");
+        report.examined += batch.examined;
+        if !batch.ready.is_empty() {
+            while collecting.len() >= COLLECTIONS {
+                if let Some(c) = collecting.pop_front() {
+                    settle(c.await, report);
                 }
-                report.blobs += gone.len() as u64;
-                report.bytes += gone
-                    .iter()
-                    .filter(|g| g.own_bytes)
-                    .map(|g| g.size)
-                    .sum::<u64>();
             }
+            collecting.push_back(collect(batch.ready.into_iter().map(|g| g.digest).collect()));
+        }
+        progress.record(report).await;
+        match batch.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    while let Some(c) = collecting.pop_front() {
+        settle(c.await, report);
+    }
+    drop(settle);
+    for digests in failed {
+        match state.meta.collect_blobs(&digests, cutoff, &*delete).await {
+            Ok(gone) => count_collected(report, &gone),
             Err(e) => {
                 tracing::warn!(blobs = digests.len(), error = %error_chain(&e), "could not collect a batch of blobs; the next pass tries again")
             }
         }
-        progress.record(report).await;
-        batch = match (next, batch.next.take()) {
-            (Some(Ok(next)), _) => next,
-            // Read alongside a collection whose transaction held rows the read's cleanup
-            // needed (PostgreSQL may end such a wait as a deadlock): read it again, alone.
-            (Some(Err(e)), Some(after)) => {
-                tracing::debug!(error = %error_chain(&e), "reading the next candidates again");
-                state
-                    .meta
-                    .blob_candidates(Some(&after), cutoff, BATCH)
-                    .await?
-            }
-            _ => return Ok(()),
-        };
     }
+    progress.record(report).await;
+    Ok(())
+}
+
+/// Adds what one batch removed to `report`.
+fn count_collected(report: &mut GcReport, gone: &[Garbage]) {
+    for g in gone {
+        tracing::debug!(digest = %g.digest, size = g.size, "blob collected");
+    }
+    report.blobs += gone.len() as u64;
+    report.bytes += gone
+        .iter()
+        .filter(|g| g.own_bytes)
+        .map(|g| g.size)
+        .sum::<u64>();
 }
 
 /// [`collect_blobs`] for packs.
