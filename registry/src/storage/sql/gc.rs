@@ -14,10 +14,11 @@ use super::*;
 use crate::storage::metadata::{Candidates, Garbage, GcEstimate, GcMeta};
 
 /// A blob row `b` that no manifest references, that no range chunk lives in, and that nobody
-/// touched since `$1`.
+/// touched since `$1`. (`IS NOT NULL`, implied by the equality, lets PostgreSQL's planner read
+/// the partial index `blobs_by_source` instead of hashing every row of `blobs`.)
 const UNREFERENCED: &str = "b.touched_at < $1
     AND NOT EXISTS (SELECT 1 FROM manifest_blobs r WHERE r.blob_id = b.id)
-    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)";
+    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL)";
 
 /// A committed pack (`p`) no chunk lives in, created before `$1`.
 const UNUSED_PACK: &str = "p.committed AND p.created_at < $1
@@ -147,7 +148,8 @@ impl SqlMetadataStore {
                 AND NOT EXISTS (SELECT 1 FROM manifest_blobs r
                                  WHERE r.blob_id = b.id
                                    AND NOT r.manifest_id IN (SELECT CAST(value AS BIGINT) FROM {}))
-                AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)",
+                AND NOT EXISTS (SELECT 1 FROM blobs a
+                                 WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL)",
             self.dialect.text_set("$1"),
             self.dialect.text_set("$3"),
         ))
@@ -386,15 +388,27 @@ impl GcMeta for SqlMetadataStore {
         // One read decides the whole batch: a candidate some manifest lists or some range chunk
         // lives in is settled, and so is one whose blob is gone. No lock is needed: dropping a
         // settled candidate checks that `queued` has not moved since this read.
+        //
+        // On PostgreSQL each candidate's row is looked up by its id: a plain join let the planner
+        // scan the whole `blobs` table for a thousand rows, and the range-chunk check without
+        // `IS NOT NULL` hashed the whole table again (together 62 ms a batch at 1e5 blobs,
+        // against 8). `OFFSET 0` keeps the lateral subquery from being turned back into a join.
+        let blob = match self.dialect {
+            Dialect::Postgres => {
+                "LEFT JOIN LATERAL (SELECT * FROM blobs b WHERE b.id = c.blob_id OFFSET 0) b ON true"
+            }
+            Dialect::Sqlite => "LEFT JOIN blobs b ON b.id = c.blob_id",
+        };
         let rows = sqlx::query(&format!(
             "SELECT CAST(c.blob_id AS TEXT) AS blob_id, c.queued, {GARBAGE}, b.touched_at,
                     CAST(CASE WHEN b.id IS NULL
                                 OR EXISTS (SELECT 1 FROM manifest_blobs r WHERE r.blob_id = c.blob_id)
-                                OR EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest)
+                                OR EXISTS (SELECT 1 FROM blobs a
+                                            WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL)
                               THEN 1 ELSE 0 END AS BIGINT) AS settled
                FROM (SELECT blob_id, queued FROM gc_candidates WHERE blob_id > CAST($1 AS BIGINT)
                       ORDER BY blob_id LIMIT $2) c
-               LEFT JOIN blobs b ON b.id = c.blob_id
+               {blob}
               ORDER BY c.blob_id"
         ))
         .bind(after.unwrap_or(first_key("blob_id")))
