@@ -251,7 +251,6 @@ async fn collect_blobs(
     while let Some(c) = collecting.pop_front() {
         settle(c.await, report);
     }
-    drop(settle);
     for digests in failed {
         match state.meta.collect_blobs(&digests, cutoff, &*delete).await {
             Ok(gone) => count_collected(report, &gone),
