@@ -335,9 +335,9 @@ fn a_dry_run_predicts_the_pass_and_a_pass_looks_only_at_what_changed() {
     assert_same_tree(&more, &back);
 }
 
-/// On PostgreSQL, collection needs the index on `repository_blobs (digest)`: a large registry
-/// builds it by hand with CREATE INDEX CONCURRENTLY (docs/gc.md), and until it exists a pass is
-/// refused with a message that says how, instead of running for hours.
+/// On PostgreSQL, collection needs the index on `repository_blobs (blob_id)`: if it is missing
+/// (dropped by hand, or a failed concurrent rebuild), a pass is refused with a message that says
+/// how to build it without holding writes (docs/gc.md), instead of running for hours.
 #[test]
 fn collection_on_postgresql_waits_for_its_index_and_says_how_to_build_it() {
     let Some(pg) = crate::support::postgres::PgCluster::start() else {
@@ -356,19 +356,19 @@ fn collection_on_postgresql_waits_for_its_index_and_says_how_to_build_it() {
         &format!("{}/gc/idx", server.addr),
         &["--tag", "v"],
     );
-    crate::support::postgres::psql(&url, "DROP INDEX repository_blobs_by_digest");
+    crate::support::postgres::psql(&url, "DROP INDEX repository_blobs_by_blob");
 
     let out = vial(h, &["gc", server.addr.as_str()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a pass ran without its index");
     assert!(
         stderr.contains("UNAVAILABLE")
-            && stderr.contains("CREATE INDEX CONCURRENTLY repository_blobs_by_digest"),
+            && stderr.contains("CREATE INDEX CONCURRENTLY repository_blobs_by_blob"),
         "{stderr}"
     );
     crate::support::postgres::psql(
         &url,
-        "CREATE INDEX CONCURRENTLY repository_blobs_by_digest ON repository_blobs (digest)",
+        "CREATE INDEX CONCURRENTLY repository_blobs_by_blob ON repository_blobs (blob_id)",
     );
     let report = gc(h, &server, false);
     assert_eq!(report["blobs"], 0, "{report}");

@@ -113,7 +113,7 @@ fn load_sql(args: &ScaleArgs, volumes: u64) -> String {
             CROSS JOIN generate_series(0, {last_chunk}) i;
          INSERT INTO blobs (id, digest, size, created_at, touched_at) SELECT bid, digest, 1048576, 0, 0 FROM chunk;
          SELECT setval(pg_get_serial_sequence('blobs', 'id'), (SELECT max(id) FROM blobs));
-         INSERT INTO repository_blobs (repository_id, digest, created_at) SELECT rid, digest, 0 FROM chunk;
+         INSERT INTO repository_blobs (repository_id, blob_id, created_at) SELECT rid, bid, 0 FROM chunk;
          INSERT INTO gc_candidates (blob_id) SELECT bid FROM chunk;
          CREATE TEMP TABLE version AS
            SELECT r.id AS rid, v, k, 2 * row_number() OVER () AS pid,

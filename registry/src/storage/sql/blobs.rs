@@ -58,8 +58,8 @@ impl SqlMetadataStore {
         let query = format!(
             "SELECT b.digest, {columns} FROM repository_blobs rb
                JOIN repositories r ON r.id = rb.repository_id
-               JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = $1 AND rb.digest IN (SELECT value FROM {})",
+               JOIN blobs b ON b.id = rb.blob_id
+              WHERE r.name = $1 AND b.digest IN (SELECT value FROM {})",
             self.dialect.text_set("$2")
         );
         let part = digests.len().div_ceil(READ_PARTS).max(READ_PART_MIN);
@@ -161,8 +161,16 @@ impl BlobMeta for SqlMetadataStore {
     }
 
     async fn unlink_blob(&self, repo: &RepoName, digest: &Digest) -> Result<bool, StorageError> {
-        self.delete_one("repository_blobs", "digest", repo, digest.as_str())
-            .await
+        let done = sqlx::query(
+            "DELETE FROM repository_blobs
+              WHERE repository_id = (SELECT id FROM repositories WHERE name = $1)
+                AND blob_id = (SELECT id FROM blobs WHERE digest = $2)",
+        )
+        .bind(repo.as_str())
+        .bind(digest.as_str())
+        .execute(&self.writer)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn link_present_blobs(
@@ -242,16 +250,12 @@ impl BlobMeta for SqlMetadataStore {
         if !known.is_empty() {
             let known_set =
                 serde_json::to_string(&known).map_err(|e| StorageError::Corrupt(e.to_string()))?;
-            sqlx::query(&format!(
-                "INSERT INTO repository_blobs (repository_id, digest, created_at)
-                 SELECT $1, value, $3 FROM {} WHERE true ON CONFLICT DO NOTHING",
-                self.dialect.text_set("$2")
-            ))
-            .bind(repo_id)
-            .bind(&known_set)
-            .bind(now_millis())
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(&LINK_BLOBS.replace("{set}", &self.dialect.text_set("$2")))
+                .bind(repo_id)
+                .bind(&known_set)
+                .bind(now_millis())
+                .execute(&mut *tx)
+                .await?;
             touch_all(&mut tx, &known_set, self.dialect, stale_before).await?;
         }
         tx.commit().await?;
@@ -269,8 +273,8 @@ impl BlobMeta for SqlMetadataStore {
         let row = sqlx::query(&format!(
             "SELECT {LOCATION} FROM repository_blobs rb
                JOIN repositories r ON r.id = rb.repository_id
-               JOIN blobs b ON b.digest = rb.digest
-              WHERE r.name = $1 AND rb.digest = $2"
+               JOIN blobs b ON b.id = rb.blob_id
+              WHERE r.name = $1 AND b.digest = $2"
         ))
         .bind(repo.as_str())
         .bind(digest.as_str())
@@ -358,16 +362,12 @@ impl BlobMeta for SqlMetadataStore {
         .execute(&mut *tx)
         .await?;
         let set = digest_set(chunks.iter().map(|c| &c.digest));
-        sqlx::query(&format!(
-            "INSERT INTO repository_blobs (repository_id, digest, created_at)
-             SELECT $1, value, $3 FROM {} WHERE true ON CONFLICT DO NOTHING",
-            self.dialect.text_set("$2")
-        ))
-        .bind(repo_id)
-        .bind(&set)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(&LINK_BLOBS.replace("{set}", &self.dialect.text_set("$2")))
+            .bind(repo_id)
+            .bind(&set)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -481,9 +481,10 @@ mod tests {
             .execute(db)
             .await
             .unwrap();
-            sqlx::query("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, 0)")
+            sqlx::query(LINK_BLOB)
                 .bind(repo)
                 .bind(digest.as_str())
+                .bind(0_i64)
                 .execute(db)
                 .await
                 .unwrap();

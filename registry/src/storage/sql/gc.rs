@@ -13,12 +13,24 @@ use super::blobs::parse_pack;
 use super::*;
 use crate::storage::metadata::{Candidates, Garbage, GcEstimate, GcMeta};
 
+/// The range chunks that live in a blob row `b`. (`IS NOT NULL`, implied by the equality, lets
+/// PostgreSQL's planner read the partial index `blobs_by_source` instead of hashing every row of
+/// `blobs`.)
+macro_rules! range_chunks_of_b {
+    () => {
+        "SELECT 1 FROM blobs a WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL"
+    };
+}
+
 /// A blob row `b` that no manifest references, that no range chunk lives in, and that nobody
-/// touched since `$1`. (`IS NOT NULL`, implied by the equality, lets PostgreSQL's planner read
-/// the partial index `blobs_by_source` instead of hashing every row of `blobs`.)
-const UNREFERENCED: &str = "b.touched_at < $1
+/// touched since `$1`.
+const UNREFERENCED: &str = concat!(
+    "b.touched_at < $1
     AND NOT EXISTS (SELECT 1 FROM manifest_blobs r WHERE r.blob_id = b.id)
-    AND NOT EXISTS (SELECT 1 FROM blobs a WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL)";
+    AND NOT EXISTS (",
+    range_chunks_of_b!(),
+    ")"
+);
 
 /// A committed pack (`p`) no chunk lives in, created before `$1`.
 const UNUSED_PACK: &str = "p.committed AND p.created_at < $1
@@ -30,8 +42,10 @@ const GARBAGE: &str = "b.digest, b.size, b.source_digest, b.pack_id";
 /// Byte deletions in flight at once while a batch's rows are held.
 const DELETIONS_AT_ONCE: usize = 16;
 
-/// The index collection needs on PostgreSQL (migration 6), which large registries build by hand.
-const DIGEST_INDEX: &str = "repository_blobs_by_digest";
+/// The index collection needs on PostgreSQL (migration 11). A migration builds it, but an index
+/// dropped by hand or left invalid by a failed concurrent rebuild would make every pass scan
+/// `repository_blobs` once per blob.
+const BLOB_INDEX: &str = "repository_blobs_by_blob";
 
 /// Candidates the dry run reads at once.
 const ESTIMATE_BATCH: u32 = 1000;
@@ -148,10 +162,10 @@ impl SqlMetadataStore {
                 AND NOT EXISTS (SELECT 1 FROM manifest_blobs r
                                  WHERE r.blob_id = b.id
                                    AND NOT r.manifest_id IN (SELECT CAST(value AS BIGINT) FROM {}))
-                AND NOT EXISTS (SELECT 1 FROM blobs a
-                                 WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL)",
+                AND NOT EXISTS ({})",
             self.dialect.text_set("$1"),
             self.dialect.text_set("$3"),
+            range_chunks_of_b!(),
         ))
         .bind(text_list(batch.iter().map(String::as_str)))
         .bind(touched_before)
@@ -362,19 +376,19 @@ impl GcMeta for SqlMetadataStore {
             "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
               WHERE c.relname = $1 AND pg_table_is_visible(c.oid)",
         )
-        .bind(DIGEST_INDEX)
+        .bind(BLOB_INDEX)
         .fetch_optional(&self.reader)
         .await?;
         Ok(match valid {
             Some(true) => None,
             Some(false) => Some(format!(
-                "the index {DIGEST_INDEX} is invalid (a CREATE INDEX CONCURRENTLY that failed): \
-                 rebuild it with `REINDEX INDEX CONCURRENTLY {DIGEST_INDEX};` (docs/gc.md)"
+                "the index {BLOB_INDEX} is invalid (a CREATE INDEX CONCURRENTLY that failed): \
+                 rebuild it with `REINDEX INDEX CONCURRENTLY {BLOB_INDEX};` (docs/gc.md)"
             )),
             None => Some(format!(
-                "the index {DIGEST_INDEX} is missing, and without it a collection pass takes time \
+                "the index {BLOB_INDEX} is missing, and without it a collection pass takes time \
                  quadratic in the number of blobs: build it with `CREATE INDEX CONCURRENTLY \
-                 {DIGEST_INDEX} ON repository_blobs (digest);` (docs/gc.md)"
+                 {BLOB_INDEX} ON repository_blobs (blob_id);` (docs/gc.md)"
             )),
         })
     }
@@ -403,13 +417,13 @@ impl GcMeta for SqlMetadataStore {
             "SELECT CAST(c.blob_id AS TEXT) AS blob_id, c.queued, {GARBAGE}, b.touched_at,
                     CAST(CASE WHEN b.id IS NULL
                                 OR EXISTS (SELECT 1 FROM manifest_blobs r WHERE r.blob_id = c.blob_id)
-                                OR EXISTS (SELECT 1 FROM blobs a
-                                            WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL)
+                                OR EXISTS ({})
                               THEN 1 ELSE 0 END AS BIGINT) AS settled
                FROM (SELECT blob_id, queued FROM gc_candidates WHERE blob_id > CAST($1 AS BIGINT)
                       ORDER BY blob_id LIMIT $2) c
                {blob}
-              ORDER BY c.blob_id"
+              ORDER BY c.blob_id",
+            range_chunks_of_b!()
         ))
         .bind(after.unwrap_or(first_key("blob_id")))
         .bind(i64::from(limit))
@@ -492,20 +506,18 @@ impl GcMeta for SqlMetadataStore {
                 .filter_map(|g| ids.get(&g.digest))
                 .map(String::as_str),
         );
-        sqlx::query(&format!(
-            "DELETE FROM gc_candidates WHERE blob_id {}",
-            self.dialect.in_ids("$1")
-        ))
-        .bind(&gone_ids)
-        .execute(&mut *tx)
-        .await?;
-        let set = digest_set(gone.iter().map(|g| &g.digest));
-        for table in ["repository_blobs", "blobs"] {
+        // By id: the rows of blobs pushed together sit together in these tables and their
+        // indexes, where their digests are scattered through the digest indexes.
+        for (table, column) in [
+            ("gc_candidates", "blob_id"),
+            ("repository_blobs", "blob_id"),
+            ("blobs", "id"),
+        ] {
             sqlx::query(&format!(
-                "DELETE FROM {table} WHERE digest IN (SELECT value FROM {})",
-                self.dialect.text_set("$1")
+                "DELETE FROM {table} WHERE {column} {}",
+                self.dialect.in_ids("$1")
             ))
-            .bind(&set)
+            .bind(&gone_ids)
             .execute(&mut *tx)
             .await?;
         }
@@ -707,26 +719,7 @@ mod tests {
     async fn a_candidate_queued_again_is_not_dropped(store: &SqlMetadataStore) {
         let db = &store.writer;
         let run = |sql: &'static str| sqlx::query(sql);
-        run("INSERT INTO repositories (name, created_at) VALUES ('a/b', 0)")
-            .execute(db)
-            .await
-            .unwrap();
-        run("INSERT INTO blobs (digest, size, created_at, touched_at) VALUES ($1, 1, 0, 0)")
-            .bind(BLOB)
-            .execute(db)
-            .await
-            .unwrap();
-        run("INSERT INTO manifests (repository_id, digest, media_type, size, content, created_at)
-             SELECT id, $1, 'application/vnd.oci.image.manifest.v1+json', 2, $2, 0 FROM repositories")
-        .bind(BLOB.replace('7', "8"))
-        .bind(b"{}".to_vec())
-        .execute(db)
-        .await
-        .unwrap();
-        run("INSERT INTO manifest_blobs (manifest_id, blob_id) SELECT m.id, b.id FROM manifests m, blobs b")
-            .execute(db)
-            .await
-            .unwrap();
+        manifest_listing(db, &BLOB.replace('7', "8"), &[BLOB]).await;
         let generation = || async {
             sqlx::query_as::<_, (String, i64)>(
                 "SELECT CAST(blob_id AS TEXT), queued FROM gc_candidates",

@@ -739,13 +739,13 @@ async fn check_references(
         // blob between this check and the commit (docs/gc.md). SQLite's single writer gives the
         // same guarantee.
         (Held::Blob, Dialect::Postgres) => format!(
-            "SELECT rb.digest, b.size FROM repository_blobs rb JOIN blobs b ON b.digest = rb.digest
-              WHERE rb.repository_id = $1 AND rb.digest IN (SELECT value FROM {set})
-              ORDER BY rb.digest FOR SHARE OF b"
+            "SELECT b.digest, b.size FROM repository_blobs rb JOIN blobs b ON b.id = rb.blob_id
+              WHERE rb.repository_id = $1 AND b.digest IN (SELECT value FROM {set})
+              ORDER BY b.digest FOR SHARE OF b"
         ),
         (Held::Blob, Dialect::Sqlite) => format!(
-            "SELECT rb.digest, b.size FROM repository_blobs rb JOIN blobs b ON b.digest = rb.digest
-              WHERE rb.repository_id = $1 AND rb.digest IN (SELECT value FROM {set})"
+            "SELECT b.digest, b.size FROM repository_blobs rb JOIN blobs b ON b.id = rb.blob_id
+              WHERE rb.repository_id = $1 AND b.digest IN (SELECT value FROM {set})"
         ),
         (Held::Manifest, _) => format!(
             "SELECT digest, size FROM manifests

@@ -58,6 +58,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "queue unreferenced",
         include_str!("../../../../migrations/sqlite/0010_queue_unreferenced.sql"),
     ),
+    (
+        11,
+        "repository blob ids",
+        include_str!("../../../../migrations/sqlite/0011_repository_blob_ids.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -109,6 +114,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         10,
         "queue unreferenced",
         include_str!("../../../../migrations/postgres/0010_queue_unreferenced.sql"),
+    ),
+    (
+        11,
+        "repository blob ids",
+        include_str!("../../../../migrations/postgres/0011_repository_blob_ids.sql"),
     ),
 ];
 
@@ -183,7 +193,9 @@ async fn apply_migrations(
 mod tests {
     use super::super::SqlMetadataStore;
     use super::*;
+    use crate::storage::metadata::BlobMeta;
     use sqlx::any::AnyPoolOptions;
+    use vial_core::RepoName;
 
     const INDEX: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const CHILD: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
@@ -194,7 +206,7 @@ mod tests {
     const LOOSE: &str = "sha256:5555555555555555555555555555555555555555555555555555555555555555";
 
     /// Rows as vial wrote them before migration 8: a manifest listing two blobs and a child
-    /// manifest, and a blob nothing lists.
+    /// manifest, and a blob nothing lists; the listed blobs linked into the repository by digest.
     async fn seed_version_7(url: &str, dialect: Dialect) {
         let pool = AnyPoolOptions::new()
             .max_connections(1)
@@ -224,6 +236,13 @@ mod tests {
             .await
             .unwrap();
         }
+        for digest in LISTED {
+            run("INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES (1, $1, 7)")
+                .bind(digest)
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+        }
         let references = LISTED.iter().map(|d| (*d, false)).chain([(CHILD, true)]);
         for (target, is_manifest) in references {
             run("INSERT INTO manifest_references (repository_id, manifest_digest, target_digest, is_manifest)
@@ -247,7 +266,8 @@ mod tests {
             .unwrap();
     }
 
-    /// After migration 8 the same references are there, as ids, and behave as before.
+    /// After the migrations since (8 and 11 above all) the same references and repository links
+    /// are there, as ids, and behave as before.
     async fn check_upgraded(store: &SqlMetadataStore) {
         let db = &store.writer;
         let count = |sql: &'static str| async move {
@@ -279,6 +299,16 @@ mod tests {
             count("SELECT count(*) FROM manifest_references").await,
             1,
             "only the child manifest stays as a text reference"
+        );
+        // The repository holds the blobs it was linked to, and only those.
+        let repo: RepoName = "a/b".parse().unwrap();
+        for (digest, held) in LISTED.iter().map(|d| (*d, Some(10))).chain([(LOOSE, None)]) {
+            let digest: vial_core::Digest = digest.parse().unwrap();
+            assert_eq!(store.blob_in_repo(&repo, &digest).await.unwrap(), held);
+        }
+        assert_eq!(
+            count("SELECT count(*) FROM repository_blobs WHERE created_at = 7").await,
+            2
         );
         // The waiting candidate is still queued, by its blob's id.
         assert_eq!(queued().await, [LOOSE]);

@@ -42,11 +42,18 @@ const TAG_MOVES_CHANNEL: &str = "vial_tag_moves";
 /// The size of a blob if `$1` (a repository name) holds `$2` (a digest).
 const BLOB_SIZE_IN_REPO: &str = "SELECT b.size FROM repository_blobs rb
        JOIN repositories r ON r.id = rb.repository_id
-       JOIN blobs b ON b.digest = rb.digest
-      WHERE r.name = $1 AND rb.digest = $2";
+       JOIN blobs b ON b.id = rb.blob_id
+      WHERE r.name = $1 AND b.digest = $2";
 
-/// Links blob `$2` into repository id `$1` at time `$3`; linking twice is a no-op.
-const LINK_BLOB: &str = "INSERT INTO repository_blobs (repository_id, digest, created_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+/// Links blob `$2` (a digest whose row exists) into repository id `$1` at time `$3`; linking
+/// twice is a no-op.
+const LINK_BLOB: &str = "INSERT INTO repository_blobs (repository_id, blob_id, created_at)
+     SELECT $1, id, $3 FROM blobs WHERE digest = $2 ON CONFLICT DO NOTHING";
+
+/// Links the blobs whose digests are in the set `$2` (rows that exist) into repository id `$1`
+/// at time `$3`, with [`Dialect::text_set`] filled in; linking twice is a no-op.
+const LINK_BLOBS: &str = "INSERT INTO repository_blobs (repository_id, blob_id, created_at)
+     SELECT $1, id, $3 FROM blobs WHERE digest IN (SELECT value FROM {set}) ON CONFLICT DO NOTHING";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -197,26 +204,6 @@ impl SqlMetadataStore {
             moves: tokio::sync::broadcast::channel(MOVES_QUEUE).0,
             listener: None,
         })
-    }
-
-    /// Deletes the row of `table` in `repo` whose `column` is `key`; says whether there was one.
-    /// Table and column names are always literals from this file, never input.
-    async fn delete_one(
-        &self,
-        table: &str,
-        column: &str,
-        repo: &RepoName,
-        key: &str,
-    ) -> Result<bool, StorageError> {
-        let sql = format!(
-            "DELETE FROM {table} WHERE repository_id = (SELECT id FROM repositories WHERE name = $1) AND {column} = $2"
-        );
-        let done = sqlx::query(&sql)
-            .bind(repo.as_str())
-            .bind(key)
-            .execute(&self.writer)
-            .await?;
-        Ok(done.rows_affected() > 0)
     }
 
     /// Connects to PostgreSQL and brings the schema up to date; replicas starting at once take turns.
