@@ -158,7 +158,10 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
     std::fs::create_dir_all(&dir)?;
     let pg = Postgres::start(&args.pg_bin, &dir)?;
     let url = pg.url();
-    // Deleted versions go at the next pass; the schedule is off, so passes run when asked.
+    // Deleted versions go at the next pass; the schedule is off, so passes run when asked. The
+    // janitor, which also purges deleted versions past retention, runs only at start: left on its
+    // ten-minute tick it purged them during the dry run in some runs and not in others, so the
+    // pass that followed had the purge to do or not.
     let serve_args: Vec<String> = [
         "--metadata-url",
         &url,
@@ -166,6 +169,8 @@ async fn run_size(args: &ScaleArgs, target: u64, work: &Path) -> Result<Run> {
         "0s",
         "--gc-interval",
         "0s",
+        "--janitor-interval",
+        "100days",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -56,7 +56,8 @@ pub struct ServeArgs {
     #[arg(long, env = "VIAL_UPLOAD_TTL", value_parser = humantime::parse_duration)]
     upload_ttl: Option<Duration>,
 
-    /// How often to look for stale upload sessions and abandoned multipart uploads [default: 10m].
+    /// How often the janitor runs [default: 10m]: it discards stale upload sessions and abandoned
+    /// multipart uploads, purges deleted versions past retention and removes expired tags.
     #[arg(long, env = "VIAL_JANITOR_INTERVAL", value_parser = humantime::parse_duration)]
     janitor_interval: Option<Duration>,
 
