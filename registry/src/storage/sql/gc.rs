@@ -656,6 +656,11 @@ impl GcMeta for SqlMetadataStore {
             let (batch, next) = self
                 .candidate_batch("gc_candidates", "blob_id", &after, ESTIMATE_BATCH)
                 .await?;
+            // A purge running beside this read (the janitor's) queues blobs read as unqueued
+            // above; each is counted once, here.
+            for id in &batch {
+                unqueued.remove(id);
+            }
             self.estimate_blobs(
                 &batch,
                 touched_before,
