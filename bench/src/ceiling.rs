@@ -1,6 +1,7 @@
-//! The machine's in-process ceiling for a push: SHA-256 alone, and FastCDC (format v1's
-//! parameters) followed by SHA-256 of every chunk, over generated checkpoint bytes held in memory,
-//! on one thread and on two (each thread takes one half of the buffer).
+//! The machine's in-process ceiling for a push: SHA-256 alone, FastCDC (format v1's parameters)
+//! alone, both as vial cuts (`vial_core::chunking`, lanes) and as the `fastcdc` crate's slice API
+//! cuts, and FastCDC followed by SHA-256 of every chunk, over generated checkpoint bytes held in
+//! memory, on one thread and on two (each thread takes one half of the buffer).
 
 use std::fs::File;
 use std::io::Read;
@@ -21,6 +22,9 @@ pub struct Ceiling {
     /// GB/s, 10^9 bytes per second.
     pub sha256_1t_gb_s: f64,
     pub sha256_2t_gb_s: f64,
+    /// Cutting alone: vial's lane scan, and the `fastcdc` crate's (the same cuts).
+    pub cdc_1t_gb_s: f64,
+    pub cdc_crate_1t_gb_s: f64,
     pub cdc_sha256_1t_gb_s: f64,
     pub cdc_sha256_2t_gb_s: f64,
     /// Chunks FastCDC cut in the buffer, and their mean size.
@@ -57,6 +61,17 @@ impl Aligned {
 fn sha_only(data: &[u8]) -> usize {
     std::hint::black_box(Algorithm::Sha256.digest_bytes(data));
     1
+}
+
+/// Cuts with vial's scan; returns the chunk count.
+fn cdc_only(data: &[u8]) -> usize {
+    Cutter::new(DEFAULT_PARAMS).cut_all(data).len()
+}
+
+/// Cuts with the `fastcdc` crate's slice API, the same parameters and normalization.
+fn cdc_crate(data: &[u8]) -> usize {
+    let p = DEFAULT_PARAMS;
+    fastcdc::v2020::FastCDC::new(data, p.min, p.avg, p.max).count()
 }
 
 /// Cuts then hashes each chunk; returns the chunk count.
@@ -116,12 +131,21 @@ pub fn measure_files(files: &[&Path], limit: u64) -> Result<Ceiling> {
     let data = buf.bytes();
     let (sha256_1t_gb_s, _) = measure(data, 1, sha_only)?;
     let (sha256_2t_gb_s, _) = measure(data, 2, sha_only)?;
+    let (cdc_1t_gb_s, ours) = measure(data, 1, cdc_only)?;
+    let (cdc_crate_1t_gb_s, theirs) = measure(data, 1, cdc_crate)?;
+    if ours != theirs {
+        return Err(anyhow!(
+            "vial cut {ours} chunks where the fastcdc crate cut {theirs}"
+        ));
+    }
     let (cdc_sha256_1t_gb_s, chunks) = measure(data, 1, cdc_sha)?;
     let (cdc_sha256_2t_gb_s, _) = measure(data, 2, cdc_sha)?;
     Ok(Ceiling {
         bytes: len as u64,
         sha256_1t_gb_s,
         sha256_2t_gb_s,
+        cdc_1t_gb_s,
+        cdc_crate_1t_gb_s,
         cdc_sha256_1t_gb_s,
         cdc_sha256_2t_gb_s,
         chunks,

@@ -582,6 +582,20 @@ fn print_tables(r: &PushResults) {
                     format!("{:.2}", c.sha256_2t_gb_s),
                 ],
                 vec![
+                    "FastCDC cuts only: vial's lanes".into(),
+                    format!("{:.2}", c.cdc_1t_gb_s),
+                    String::new(),
+                ],
+                vec![
+                    "FastCDC cuts only: the fastcdc crate".into(),
+                    format!(
+                        "{:.2} (vial {:.2}x)",
+                        c.cdc_crate_1t_gb_s,
+                        c.cdc_1t_gb_s / c.cdc_crate_1t_gb_s.max(1e-9)
+                    ),
+                    String::new(),
+                ],
+                vec![
                     "FastCDC + SHA-256".into(),
                     format!("{:.2}", c.cdc_sha256_1t_gb_s),
                     format!("{:.2}", c.cdc_sha256_2t_gb_s),
