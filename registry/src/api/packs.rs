@@ -29,6 +29,8 @@ pub const MAX_PACK_BYTES: u64 = 1 << 30;
 pub const MAX_PACK_CHUNKS: usize = 8192;
 /// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
 const MAX_LIST_BYTES: usize = 1 << 20;
+/// Segments of a bulk read being read at once: the one streaming and the next.
+const SEGMENTS_AHEAD: usize = 2;
 /// Body frames queued for the chunk hasher of one pack.
 const HASH_QUEUE: usize = 4;
 
@@ -372,7 +374,7 @@ pub(super) async fn read(
     let metrics = Arc::clone(&state.metrics);
     let repo = repo.clone();
     let stream = futures_util::stream::iter(segments)
-        .then(move |segment| {
+        .map(move |segment| {
             let blobs = Arc::clone(&blobs);
             let repo = repo.clone();
             async move {
@@ -398,6 +400,9 @@ pub(super) async fn read(
                 }
             }
         })
+        // The next segment's read starts while this one streams: on S3 its ranged GET's round
+        // trip is then hidden behind this one's bytes.
+        .buffered(SEGMENTS_AHEAD)
         .flatten()
         .inspect(move |chunk| {
             if let Ok(bytes) = chunk {
