@@ -511,8 +511,24 @@ const PACK_TARGET: u64 = 64 << 20;
 /// Most chunks in one pack (the registry takes up to 8192).
 const PACK_CHUNKS: usize = 4096;
 
-/// Consecutive new chunks, grouped into packs of up to [`PACK_TARGET`] bytes.
+/// New chunks, grouped into packs of up to [`PACK_TARGET`] bytes in the order they came, each
+/// pack then laid out in file order.
+///
+/// The hashers hand on fills of neighbouring tensors as they finish them, so the chunks of one
+/// file arrive interleaved with another's. Which chunks share a pack stays the arrival order's
+/// (it decides which read buffers a pack waiting to fill holds); inside a pack, each file's chunks
+/// are put back together, so that reading a file back asks the store for one range of the pack
+/// where it would ask for several (one S3 GET instead of one for each fill).
 fn into_packs(chunks: Vec<ChunkLoc>) -> Vec<Vec<ChunkLoc>> {
+    let mut packs = cut_packs(chunks);
+    for pack in &mut packs {
+        pack.sort_by(|a, b| (&*a.abs, a.offset).cmp(&(&*b.abs, b.offset)));
+    }
+    packs
+}
+
+/// Consecutive chunks, cut into packs of up to [`PACK_TARGET`] bytes.
+fn cut_packs(chunks: Vec<ChunkLoc>) -> Vec<Vec<ChunkLoc>> {
     let mut packs: Vec<Vec<ChunkLoc>> = Vec::new();
     let mut size = 0;
     for c in chunks {
@@ -814,4 +830,59 @@ pub async fn tag_version(
         expires_at,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(file: &Arc<PathBuf>, offset: u64, len: u64) -> ChunkLoc {
+        ChunkLoc {
+            digest: vial_core::Algorithm::Sha256
+                .digest_bytes(format!("{}:{offset}", file.display()).as_bytes()),
+            abs: Arc::clone(file),
+            offset,
+            len,
+            bytes: None,
+        }
+    }
+
+    /// Fills of two files arrive interleaved; each pack keeps the chunks it would have held in
+    /// arrival order, laid out file by file, offsets rising.
+    #[test]
+    fn packs_hold_the_arrival_orders_chunks_in_file_order() {
+        let (a, b) = (
+            Arc::new(PathBuf::from("/ckpt/a.safetensors")),
+            Arc::new(PathBuf::from("/ckpt/b.safetensors")),
+        );
+        let mib = 1 << 20;
+        let mut arrived = Vec::new();
+        for fill in 0..40u64 {
+            // Four 2 MiB chunks per fill, b's fills and a's taking turns.
+            let file = if fill % 2 == 0 { &b } else { &a };
+            for i in 0..4 {
+                arrived.push(loc(file, (fill / 2 * 4 + i) * 2 * mib, 2 * mib));
+            }
+        }
+        let as_cut = cut_packs(arrived.clone());
+        let packs = into_packs(arrived);
+        assert_eq!(packs.len(), as_cut.len());
+        assert!(packs.len() > 1);
+        for (pack, cut) in packs.iter().zip(&as_cut) {
+            let set = |p: &[ChunkLoc]| p.iter().map(|c| c.digest.clone()).collect::<HashSet<_>>();
+            assert_eq!(set(pack), set(cut));
+            let order: Vec<(&Path, u64)> =
+                pack.iter().map(|c| (c.abs.as_path(), c.offset)).collect();
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(order, sorted);
+            // Each file's chunks are one run of adjacent bytes within the pack.
+            for file in [&a, &b] {
+                let mine: Vec<&ChunkLoc> = pack.iter().filter(|c| c.abs == *file).collect();
+                for w in mine.windows(2) {
+                    assert_eq!(w[0].offset + w[0].len, w[1].offset);
+                }
+            }
+        }
+    }
 }
