@@ -31,8 +31,9 @@ pub const MAX_PACK_CHUNKS: usize = 8192;
 const MAX_LIST_BYTES: usize = 1 << 20;
 /// Segments of a bulk read being read at once: the one streaming and the next.
 const SEGMENTS_AHEAD: usize = 2;
-/// Body frames queued for the chunk hasher of one pack.
-const HASH_QUEUE: usize = 4;
+/// Body frames queued for the chunk hasher of one pack (the bytes are bounded by
+/// [`super::sessions::hold`]).
+const HASH_QUEUE: usize = 64;
 
 /// The first line of a pack: its chunks, in the order their bytes follow.
 #[derive(Deserialize)]
@@ -228,7 +229,7 @@ pub(super) async fn upload(
         let tx = tx.clone();
         let metrics = Arc::clone(&metrics);
         async move {
-            let bytes = item?;
+            let bytes = super::sessions::hold(item?).await;
             metrics.add_bytes_in(bytes.len() as u64);
             // The checker only ever stops early on a mismatch, which fails the pack anyway.
             let _ = tx.send(bytes.clone()).await;
