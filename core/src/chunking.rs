@@ -73,14 +73,13 @@ impl Cutter {
             return data.len();
         }
         // Normalized chunking: a strict mask up to the average size, a looser one after it.
-        let end = data.len().min(max);
-        let center = avg.min(end);
+        let longest = data.len().min(max);
         // Positions are counted in pairs of bytes, as the scan reads them.
-        let (base, center, end) = (min / 2, center / 2, end / 2);
+        let (base, center, end) = (min / 2, avg.min(longest) / 2, longest / 2);
         let s = &self.scanner;
         s.find(data, base, base, center, self.mask_s)
             .or_else(|| s.find(data, base, center, end, self.mask_l))
-            .unwrap_or(data.len().min(max))
+            .unwrap_or(longest)
     }
 
     /// All chunk lengths of an in-memory region.
