@@ -35,7 +35,7 @@ static HELD: Semaphore = Semaphore::const_new(HELD_BYTES / HELD_UNIT);
 /// machine), so this is what keeps many concurrent uploads' queues within a fixed amount of memory.
 ///
 /// Only for streams whose consumers let go of each frame without waiting for the next one: a
-/// consumer that gathered 64 MiB of frames before dropping any would wait forever.
+/// consumer that gathered the whole budget of frames before dropping any would wait forever.
 pub async fn hold(frame: Bytes) -> Bytes {
     struct Held {
         frame: Bytes,

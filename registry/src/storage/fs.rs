@@ -25,7 +25,7 @@ const READ_QUEUE: usize = 4;
 static READ_BUFFERS: std::sync::LazyLock<BufferPool> =
     std::sync::LazyLock::new(|| BufferPool::new(32));
 /// Body frames buffered between the network and the writer thread of one upload: enough to ride
-/// out the direct write of a MiB, which blocks the writer (with 4, a 4 GiB push took 11% longer;
+/// out the direct write of a MiB, which blocks the writer (with 4, a 4 GiB push took a tenth longer;
 /// docs/performance.md). Where request bodies come in, the API layer bounds the bytes all uploads'
 /// frames hold at once.
 const WRITE_QUEUE: usize = 64;
