@@ -49,19 +49,22 @@ impl SqlMetadataStore {
     /// costs a few random index probes, so one statement for 4,096 digests is bound by one
     /// database backend's CPU, and the parts run side by side on a server with more than one
     /// core. The read takes no lock, so parts read from different snapshots answer as one would.
+    /// [`Self::held_blobs`]'s statement: `$1` the repository's name, `$2` the digests.
+    fn held_query(&self, columns: &str) -> String {
+        self.dialect.held_in(
+            "$2",
+            columns,
+            "(SELECT id FROM repositories WHERE name = $1)",
+        )
+    }
+
     async fn held_blobs(
         &self,
         repo: &RepoName,
         digests: &[Digest],
         columns: &str,
     ) -> Result<Vec<AnyRow>, StorageError> {
-        let query = format!(
-            "SELECT b.digest, {columns} FROM repository_blobs rb
-               JOIN repositories r ON r.id = rb.repository_id
-               JOIN blobs b ON b.id = rb.blob_id
-              WHERE r.name = $1 AND b.digest IN (SELECT value FROM {})",
-            self.dialect.text_set("$2")
-        );
+        let query = self.held_query(columns);
         let part = digests.len().div_ceil(READ_PARTS).max(READ_PART_MIN);
         let reads = digests.chunks(part).map(|part| {
             sqlx::query(&query)
@@ -549,6 +552,84 @@ mod tests {
             [stale, fresh, elsewhere],
             "the blob linked across is not in the repository"
         );
+    }
+
+    /// The plan of a read of five of the 4,096 blobs a repository holds, one line per step.
+    async fn plan_of_a_small_read(store: &SqlMetadataStore) -> Vec<String> {
+        let db = &store.writer;
+        sqlx::query("INSERT INTO repositories (id, name, created_at) VALUES (1, 'a/b', 0)")
+            .execute(db)
+            .await
+            .unwrap();
+        let all: Vec<String> = (0..4096).map(|i| format!("sha256:{i:064x}")).collect();
+        let all = serde_json::to_string(&all).unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO blobs (digest, size, created_at, touched_at) SELECT value, 1, 0, 0 FROM {}",
+            store.dialect.text_set("$1")
+        ))
+        .bind(&all)
+        .execute(db)
+        .await
+        .unwrap();
+        sqlx::query(&LINK_BLOBS.replace("{set}", &store.dialect.text_set("$2")))
+            .bind(1_i64)
+            .bind(&all)
+            .bind(0_i64)
+            .execute(db)
+            .await
+            .unwrap();
+        // As a registry's database is: PostgreSQL's autovacuum gathers statistics (with them,
+        // the planner scans the table for a set it takes for 100 rows), SQLite's are never taken.
+        if store.dialect == Dialect::Postgres {
+            sqlx::query("ANALYZE").execute(db).await.unwrap();
+        }
+        let five: Vec<String> = (100..105).map(|i| format!("sha256:{i:064x}")).collect();
+        let (explain, column) = match store.dialect {
+            Dialect::Sqlite => ("EXPLAIN QUERY PLAN", "detail"),
+            Dialect::Postgres => ("EXPLAIN", "QUERY PLAN"),
+        };
+        let query = format!("{explain} {}", store.held_query("b.size"));
+        let rows = sqlx::query(&query)
+            .bind("a/b")
+            .bind(serde_json::to_string(&five).unwrap())
+            .fetch_all(db)
+            .await
+            .unwrap();
+        rows.iter().map(|r| r.try_get(column).unwrap()).collect()
+    }
+
+    /// A read of a few blobs costs a few index probes, however many the repository holds: the
+    /// plan looks each digest up, and never walks the repository's links or the blobs table.
+    #[tokio::test]
+    async fn a_small_read_looks_up_only_what_it_asks_for_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlMetadataStore::open_sqlite(&dir.path().join("m.db"))
+            .await
+            .unwrap();
+        let plan = plan_of_a_small_read(&store).await;
+        let step = |table: &str| {
+            plan.iter()
+                .find(|l| {
+                    l.starts_with(&format!("SEARCH {table} "))
+                        || l.starts_with(&format!("SCAN {table}"))
+                })
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert!(step("b").contains("(digest=?)"), "{plan:#?}");
+        assert!(step("rb").contains("blob_id=?"), "{plan:#?}");
+    }
+
+    #[tokio::test]
+    async fn a_small_read_looks_up_only_what_it_asks_for_on_postgres() {
+        let Some(url) = super::super::test_postgres_database().await else {
+            return;
+        };
+        let store = SqlMetadataStore::open_postgres(&url).await.unwrap();
+        let plan = plan_of_a_small_read(&store).await.join("\n");
+        assert!(!plan.contains("Seq Scan on blobs"), "{plan}");
+        assert!(!plan.contains("Seq Scan on repository_blobs"), "{plan}");
+        assert!(plan.contains("Index"), "{plan}");
     }
 
     #[tokio::test]
