@@ -65,15 +65,22 @@ impl BufferPool {
         }
     }
 
-    /// A buffer of at least `len` bytes: a returned one if there is any (grown if it is smaller),
-    /// else a new one. Its bytes are whatever the last user left.
+    /// A buffer of at least `len` bytes: the smallest returned one that is large enough, else
+    /// the largest returned one grown, else a new one. Its bytes are whatever the last user left.
+    ///
+    /// Taking the best fit matters where sizes vary (chunks): a buffer that has to grow is freed
+    /// and allocated anew, and that churn is what leaves a heap holding memory nobody uses.
     pub fn take(&self, len: usize) -> Aligned {
-        let mut buf = self
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let fit = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.bytes().len() >= len)
+            .min_by_key(|(_, b)| b.bytes().len())
+            .or_else(|| free.iter().enumerate().max_by_key(|(_, b)| b.bytes().len()))
+            .map(|(i, _)| i);
+        let mut buf = fit.map(|i| free.swap_remove(i)).unwrap_or_default();
+        drop(free);
         buf.grow(len);
         buf
     }
@@ -161,5 +168,27 @@ mod tests {
         drop(pool.freeze(a, 0..0));
         drop(pool.freeze(b, 0..0));
         assert_eq!(pool.free.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_taker_gets_the_smallest_returned_buffer_that_fits() {
+        let pool = BufferPool::new(4);
+        let (small, large) = (pool.take(1 << 20), pool.take(4 << 20));
+        let (small_at, large_at) = (small.bytes().as_ptr(), large.bytes().as_ptr());
+        // Returned large first, small last: the last one back is not the answer to everything.
+        drop(pool.freeze(large, 0..0));
+        drop(pool.freeze(small, 0..0));
+        let two = pool.take(2 << 20);
+        assert_eq!(
+            two.bytes().as_ptr(),
+            large_at,
+            "a 2 MiB taker was not given the 4 MiB buffer"
+        );
+        let half = pool.take(1 << 19);
+        assert_eq!(
+            half.bytes().as_ptr(),
+            small_at,
+            "a 512 KiB taker was not given the 1 MiB buffer"
+        );
     }
 }
