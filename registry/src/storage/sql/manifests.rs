@@ -739,8 +739,9 @@ async fn check_references(
         // blob between this check and the commit (docs/gc.md). SQLite's single writer gives the
         // same guarantee.
         (Held::Blob, Dialect::Postgres) => format!(
-            "{} ORDER BY b.digest FOR SHARE OF b",
-            dialect.held_in("$2", "b.size", "$1")
+            "SELECT b.digest, b.size FROM repository_blobs rb JOIN blobs b ON b.id = rb.blob_id
+              WHERE rb.repository_id = $1 AND b.digest IN (SELECT value FROM {set})
+              ORDER BY b.digest FOR SHARE OF b"
         ),
         (Held::Blob, Dialect::Sqlite) => dialect.held_in("$2", "b.size", "$1"),
         (Held::Manifest, _) => format!(
