@@ -44,11 +44,6 @@ pub(super) fn parse_pack(s: &str) -> Result<PackId, StorageError> {
 }
 
 impl SqlMetadataStore {
-    /// The rows (`b.digest` and `columns` of `blobs b`) of those of `digests` the repository
-    /// holds. A large set is read in parts on several reader connections at once: each digest
-    /// costs a few random index probes, so one statement for 4,096 digests is bound by one
-    /// database backend's CPU, and the parts run side by side on a server with more than one
-    /// core. The read takes no lock, so parts read from different snapshots answer as one would.
     /// [`Self::held_blobs`]'s statement: `$1` the repository's name, `$2` the digests.
     fn held_query(&self, columns: &str) -> String {
         self.dialect.held_in(
@@ -58,6 +53,11 @@ impl SqlMetadataStore {
         )
     }
 
+    /// The rows (`b.digest` and `columns` of `blobs b`) of those of `digests` the repository
+    /// holds. A large set is read in parts on several reader connections at once: each digest
+    /// costs a few random index probes, so one statement for 4,096 digests is bound by one
+    /// database backend's CPU, and the parts run side by side on a server with more than one
+    /// core. The read takes no lock, so parts read from different snapshots answer as one would.
     async fn held_blobs(
         &self,
         repo: &RepoName,
