@@ -170,20 +170,25 @@ impl Shared {
             }
         }
         let total: u64 = pieces.iter().map(|p| p.len).sum();
-        let mut buf = vec![0u8; total as usize];
-        let mut pos = 0usize;
+        // Pieces still in memory are appended as they are; only those read from the cache files
+        // need room made (zeroed) for them first.
+        let mut buf = Vec::with_capacity(total as usize);
         for p in pieces {
             let digest = &self.chunks[p.chunk as usize].digest;
-            let len = p.len as usize;
-            match self
-                .fetcher
-                .read_at(digest, p.offset, &mut buf[pos..pos + len])
-            {
+            let (start, end) = (p.offset as usize, (p.offset + p.len) as usize);
+            if let Some(chunk) = self.fetcher.in_memory(digest) {
+                if let Some(slice) = chunk.get(start..end) {
+                    buf.extend_from_slice(slice);
+                    continue;
+                }
+            }
+            let pos = buf.len();
+            buf.resize(pos + (end - start), 0);
+            match self.fetcher.read_at(digest, p.offset, &mut buf[pos..]) {
                 Ok(()) => {}
                 Err(CacheError::Missing(_)) => return Err(None),
                 Err(e) => return Err(Some(e)),
             }
-            pos += len;
         }
         Ok(buf.into())
     }
