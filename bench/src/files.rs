@@ -23,6 +23,9 @@ use crate::run::{machine, sync_disk};
 use crate::servers::{self, Server, WorkDir};
 use crate::{pushers, rss};
 
+mod client;
+pub use client::{client, ClientArgs};
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 #[derive(Debug, Args)]
@@ -63,6 +66,11 @@ pub struct FilesArgs {
     /// Also write every row and goal as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Rounds, each on a fresh registry, timing vial and the file-per-layer client again (the
+    /// other first in every other round; skopeo, ORAS and curl in the first only): each row is the
+    /// median round, with the range beside it. One round's disk ratios can move by ±0.2 here.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// 1 GiB only and 4 concurrent pushes: a few minutes instead of about twenty.
     #[arg(long)]
     pub quick: bool,
@@ -83,6 +91,8 @@ struct Row {
     /// Object-store requests the registry sent, by HTTP method (S3 backend).
     s3: BTreeMap<String, u64>,
     error: Option<String>,
+    /// Wall seconds of every run this row is the median of (one per round).
+    samples: Vec<f64>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -296,8 +306,6 @@ async fn run_size(
     let label = format!("{backend}-{gib}g").replace('.', "_");
     let dir = work.join(&label);
     std::fs::create_dir_all(&dir)?;
-    let logs = dir.join("logs");
-    std::fs::create_dir_all(&logs)?;
     eprintln!(
         "vial-bench: {label}: generating a {gib} GiB checkpoint in {} shards",
         args.shards
@@ -316,16 +324,83 @@ async fn run_size(
     let layout = dir.join("layout");
     let mut cache = pushers::DigestCache::default();
     pushers::build_layout(&ckpt, &layout, "v1", &mut cache)?;
-
-    let reg = Registry::start(args, backend, &dir).await?;
-    let host = reg.host()?;
-    let base = format!("http://{host}");
-    let mut run = SizeRun {
+    let inputs = Inputs {
+        args,
+        backend,
+        bench,
+        ckpt: &ckpt,
+        layout: &layout,
+        names: &names,
+        files: &files,
+        digests: &digests,
+    };
+    let mut rows = Vec::new();
+    let rounds = args.repeat.max(1);
+    for round in 0..rounds {
+        if rounds > 1 {
+            eprintln!("vial-bench: {label}: round {} of {rounds}", round + 1);
+        }
+        rows.extend(run_round(&inputs, round, &dir.join(format!("round{round}"))).await?);
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(SizeRun {
         backend: backend.into(),
         gib,
         bytes: g.bytes,
-        rows: Vec::new(),
-    };
+        rows: medians(rows),
+    })
+}
+
+/// What every round of one checkpoint size measures with.
+struct Inputs<'a> {
+    args: &'a FilesArgs,
+    backend: &'a str,
+    bench: &'a Path,
+    ckpt: &'a Path,
+    layout: &'a Path,
+    names: &'a [String],
+    files: &'a [PathBuf],
+    digests: &'a [String],
+}
+
+/// Runs two timed operations, `first_vial` deciding which goes first; returns them in the order
+/// (file-per-layer, vial) whichever ran first, so a round that swaps them is a fair repeat.
+async fn pair(
+    first_vial: bool,
+    ceiling: impl std::future::Future<Output = Result<Row>>,
+    vial: impl std::future::Future<Output = Result<Row>>,
+) -> Result<[Row; 2]> {
+    if first_vial {
+        let v = vial.await?;
+        Ok([ceiling.await?, v])
+    } else {
+        let c = ceiling.await?;
+        Ok([c, vial.await?])
+    }
+}
+
+/// One round on a fresh registry: every push is a first push. Round 0 times every client; later
+/// rounds time vial and the file-per-layer client again, the other one first in odd rounds.
+async fn run_round(inputs: &Inputs<'_>, round: usize, dir: &Path) -> Result<Vec<Row>> {
+    let Inputs {
+        args,
+        backend,
+        bench,
+        ckpt,
+        layout,
+        names,
+        files,
+        digests,
+    } = *inputs;
+    let (everyone, vial_first) = (round == 0, round % 2 == 1);
+    std::fs::create_dir_all(dir)?;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let reg = Registry::start(args, backend, dir).await?;
+    let host = reg.host()?;
+    let base = format!("http://{host}");
+    let mut rows = Vec::new();
+    // A home of its own per round: nothing a client remembers from an earlier round helps it.
     let home = dir.join("home");
     let env = vec![
         ("HOME", home.display().to_string()),
@@ -342,7 +417,7 @@ async fn run_size(
         s("--repo"),
         s("files/ceiling"),
     ];
-    for (f, d) in files.iter().zip(&digests) {
+    for (f, d) in files.iter().zip(digests) {
         client_args.extend([
             s("--file"),
             f.display().to_string(),
@@ -350,50 +425,6 @@ async fn run_size(
             d.clone(),
         ]);
     }
-    run.rows.push(
-        row(&reg, "push", "file-per-layer", true, || {
-            timed(bench, &client_args, &[], &logs.join("ceiling-push.log"))
-        })
-        .await,
-    );
-    run.rows.push(
-        row(&reg, "push", "skopeo", true, || {
-            timed(
-                &args.skopeo,
-                &[
-                    s("--insecure-policy"),
-                    s("copy"),
-                    s("--dest-tls-verify=false"),
-                    s("--preserve-digests"),
-                    format!("oci:{}:v1", layout.display()),
-                    format!("docker://{host}/files/skopeo:v1"),
-                ],
-                &[],
-                &logs.join("skopeo-push.log"),
-            )
-        })
-        .await,
-    );
-    let mut oras_args = vec![
-        s("-c"),
-        s(pushers::ORAS_SCRIPT),
-        host.clone(),
-        format!("{host}/files/oras:v1"),
-    ];
-    // Relative names, from the checkpoint directory: they become the layers' titles.
-    oras_args.extend(names.iter().cloned());
-    run.rows.push(
-        row(&reg, "push", "oras-py", true, || {
-            timed_in(
-                &args.python,
-                &oras_args,
-                &[],
-                &logs.join("oras-push.log"),
-                Some(&ckpt),
-            )
-        })
-        .await,
-    );
     let vial_push = vec![
         s("push"),
         ckpt.display().to_string(),
@@ -401,21 +432,72 @@ async fn run_size(
         s("--tag"),
         s("v1"),
     ];
-    run.rows.push(
-        row(&reg, "push", "vial", true, || {
-            timed(&args.vial, &vial_push, &env, &logs.join("vial-push.log"))
-        })
-        .await,
+    rows.extend(
+        pair(
+            vial_first,
+            async {
+                Ok(row(&reg, "push", "file-per-layer", true, || {
+                    timed(bench, &client_args, &[], &logs.join("ceiling-push.log"))
+                })
+                .await)
+            },
+            async {
+                Ok(row(&reg, "push", "vial", true, || {
+                    timed(&args.vial, &vial_push, &env, &logs.join("vial-push.log"))
+                })
+                .await)
+            },
+        )
+        .await?,
     );
+    if everyone {
+        rows.push(
+            row(&reg, "push", "skopeo", true, || {
+                timed(
+                    &args.skopeo,
+                    &[
+                        s("--insecure-policy"),
+                        s("copy"),
+                        s("--dest-tls-verify=false"),
+                        s("--preserve-digests"),
+                        format!("oci:{}:v1", layout.display()),
+                        format!("docker://{host}/files/skopeo:v1"),
+                    ],
+                    &[],
+                    &logs.join("skopeo-push.log"),
+                )
+            })
+            .await,
+        );
+        let mut oras_args = vec![
+            s("-c"),
+            s(pushers::ORAS_SCRIPT),
+            host.clone(),
+            format!("{host}/files/oras:v1"),
+        ];
+        // Relative names, from the checkpoint directory: they become the layers' titles.
+        oras_args.extend(names.iter().cloned());
+        rows.push(
+            row(&reg, "push", "oras-py", true, || {
+                timed_in(
+                    &args.python,
+                    &oras_args,
+                    &[],
+                    &logs.join("oras-push.log"),
+                    Some(ckpt),
+                )
+            })
+            .await,
+        );
+    }
 
     // Pulls, with the registry's data cold (page cache dropped) and warm (read just before).
+    let out = dir.join("out");
+    let fresh = || {
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out)
+    };
     for (op, cold) in [("pull (cold)", true), ("pull (warm)", false)] {
-        let out = dir.join("out");
-        let fresh = || {
-            let _ = std::fs::remove_dir_all(&out);
-            std::fs::create_dir_all(&out)
-        };
-        fresh()?;
         let mut pull_args = vec![
             s("files-client"),
             s("pull"),
@@ -426,33 +508,55 @@ async fn run_size(
             s("--out"),
             out.display().to_string(),
         ];
-        for (n, d) in names.iter().zip(&digests) {
+        for (n, d) in names.iter().zip(digests) {
             pull_args.extend([s("--name"), n.clone(), s("--digest"), d.clone()]);
         }
-        run.rows.push(
-            row(&reg, op, "file-per-layer", cold, || {
-                timed(bench, &pull_args, &[], &logs.join("ceiling-pull.log"))
-            })
-            .await,
+        let vial_pull = vec![
+            s("pull"),
+            format!("{host}/files/vial:v1"),
+            out.display().to_string(),
+        ];
+        rows.extend(
+            pair(
+                vial_first,
+                async {
+                    fresh()?;
+                    Ok(row(&reg, op, "file-per-layer", cold, || {
+                        timed(bench, &pull_args, &[], &logs.join("ceiling-pull.log"))
+                    })
+                    .await)
+                },
+                async {
+                    fresh()?;
+                    Ok(row(&reg, op, "vial", cold, || {
+                        timed(&args.vial, &vial_pull, &env, &logs.join("vial-pull.log"))
+                    })
+                    .await)
+                },
+            )
+            .await?,
         );
+        if !everyone {
+            continue;
+        }
         fresh()?;
         // curl: the transfer alone, nothing verified (a reference, not a peer).
         let mut curl_args = vec![s("-s"), s("--parallel"), s("--parallel-max"), s("16")];
-        for (n, d) in names.iter().zip(&digests) {
+        for (n, d) in names.iter().zip(digests) {
             curl_args.extend([
                 s("-o"),
                 out.join(n).display().to_string(),
                 format!("{base}/v2/files/ceiling/blobs/{d}"),
             ]);
         }
-        run.rows.push(
+        rows.push(
             row(&reg, op, "curl (unverified)", cold, || {
                 timed(&args.curl, &curl_args, &[], &logs.join("curl-pull.log"))
             })
             .await,
         );
         fresh()?;
-        run.rows.push(
+        rows.push(
             row(&reg, op, "skopeo", cold, || {
                 timed(
                     &args.skopeo,
@@ -470,7 +574,7 @@ async fn run_size(
             .await,
         );
         fresh()?;
-        run.rows.push(
+        rows.push(
             row(&reg, op, "oras-py", cold, || {
                 timed(
                     &args.python,
@@ -487,23 +591,24 @@ async fn run_size(
             })
             .await,
         );
-        fresh()?;
-        let vial_pull = vec![
-            s("pull"),
-            format!("{host}/files/vial:v1"),
-            out.display().to_string(),
-        ];
-        run.rows.push(
-            row(&reg, op, "vial", cold, || {
-                timed(&args.vial, &vial_pull, &env, &logs.join("vial-pull.log"))
-            })
-            .await,
-        );
-        let _ = std::fs::remove_dir_all(&out);
     }
+    let _ = std::fs::remove_dir_all(&out);
+    rows.push(mount_read(&reg, args, &host, names, dir, &logs).await?);
+    drop(reg);
+    std::fs::remove_dir_all(dir)?;
+    Ok(rows)
+}
 
-    // A cold full read through a mount: empty node cache, page cache dropped, every file read
-    // with 4 MiB reads, all at once.
+/// A cold full read through a mount: empty node cache, page cache dropped, every file read with
+/// 4 MiB reads, all at once.
+async fn mount_read(
+    reg: &Registry,
+    args: &FilesArgs,
+    host: &str,
+    names: &[String],
+    dir: &Path,
+    logs: &Path,
+) -> Result<Row> {
     let mountpoint = dir.join("mnt");
     let spec = MountSpec {
         vial: args.vial.clone(),
@@ -556,10 +661,39 @@ async fn run_size(
         }
         Err(e) => mount_row.error = Some(format!("{e:#}")),
     }
-    run.rows.push(mount_row);
-    drop(reg);
-    std::fs::remove_dir_all(&dir)?;
-    Ok(run)
+    Ok(mount_row)
+}
+
+/// One row per (operation, client): the run with the median wall time (the lower middle one for
+/// an even count), every run's wall seconds kept beside it. Failed runs are counted, not timed.
+fn medians(rows: Vec<Row>) -> Vec<Row> {
+    let mut groups: Vec<Vec<Row>> = Vec::new();
+    for r in rows {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].op == r.op && g[0].client == r.client)
+        {
+            Some(g) => g.push(r),
+            None => groups.push(vec![r]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|mut g| {
+            let samples: Vec<f64> = g.iter().filter_map(|r| r.seconds).collect();
+            let failed = g.len() - samples.len();
+            g.sort_by(|a, b| {
+                let key = |r: &Row| r.seconds.unwrap_or(f64::INFINITY);
+                key(a).total_cmp(&key(b))
+            });
+            let mut r = g.swap_remove(samples.len().saturating_sub(1) / 2);
+            if failed > 0 && r.seconds.is_some() {
+                r.error = Some(format!("{failed} of {} runs failed", samples.len() + failed));
+            }
+            r.samples = samples;
+            r
+        })
+        .collect()
 }
 
 /// `n` concurrent `vial push`es of distinct 1 GiB directories; the registry's peak RSS.
@@ -671,6 +805,18 @@ fn fastest<'a>(rows: &'a [Row], op: &str, peers: &[&str]) -> Option<&'a Row> {
         })
 }
 
+/// A row's wall seconds, with the range of its rounds when there were several.
+fn wall(r: &Row) -> String {
+    let lo = r.samples.iter().copied().reduce(f64::min);
+    let hi = r.samples.iter().copied().reduce(f64::max);
+    match (lo, hi) {
+        (Some(lo), Some(hi)) if r.samples.len() > 1 => {
+            format!("{} ({lo:.2}-{hi:.2})", num(r.seconds, 2))
+        }
+        _ => num(r.seconds, 2),
+    }
+}
+
 fn find<'a>(rows: &'a [Row], op: &str, client: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.op == op && r.client == client)
 }
@@ -692,7 +838,7 @@ fn report(results: &mut Results) {
                 vec![
                     r.op.clone(),
                     r.client.clone(),
-                    num(r.seconds, 2),
+                    wall(r),
                     times(
                         peer.and_then(|p| p.seconds)
                             .zip(r.seconds)
@@ -713,8 +859,14 @@ fn report(results: &mut Results) {
                 ]
             })
             .collect();
+        let rounds = run.rows.iter().map(|r| r.samples.len()).max().unwrap_or(1);
+        let medians = if rounds > 1 {
+            format!("; vial and file-per-layer: the median of {rounds} rounds, their range in brackets")
+        } else {
+            String::new()
+        };
         table(
-            &format!("{} GiB ({} backend): wall and CPU seconds; 'vs fastest peer' above 1 means faster than the fastest file-per-layer client", run.gib, run.backend),
+            &format!("{} GiB ({} backend): wall and CPU seconds; 'vs fastest peer' above 1 means faster than the fastest file-per-layer client{medians}", run.gib, run.backend),
             &["op", "client", "wall s", "vs fastest peer", "client CPU s", "registry CPU s", "client RSS MiB", "S3 requests per GiB", "error"],
             &rows,
         );
@@ -788,106 +940,4 @@ fn report(results: &mut Results) {
     }
     crate::report::print_goal_list(&goals, &[]);
     results.goals = goals;
-}
-
-/// The file-per-layer ceiling client: `push` uploads each file as one monolithic blob (digest known
-/// up front, as skopeo knows it from an OCI layout), `pull` GETs each and checks its digest as it
-/// writes, every file on its own stream at once.
-#[derive(Debug, Args)]
-pub struct ClientArgs {
-    /// `push` or `pull`.
-    pub action: String,
-    #[arg(long)]
-    pub base: String,
-    #[arg(long)]
-    pub repo: String,
-    #[arg(long)]
-    pub file: Vec<PathBuf>,
-    #[arg(long)]
-    pub name: Vec<String>,
-    #[arg(long)]
-    pub digest: Vec<String>,
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
-
-pub async fn client(args: ClientArgs) -> Result<()> {
-    use futures_util::StreamExt;
-    let http = reqwest::Client::builder().no_proxy().build()?;
-    let mut tasks = Vec::new();
-    match args.action.as_str() {
-        "push" => {
-            for (file, digest) in args.file.iter().zip(&args.digest) {
-                let url = format!(
-                    "{}/v2/{}/blobs/uploads/?digest={digest}",
-                    args.base, args.repo
-                );
-                let file = tokio::fs::File::open(file).await?;
-                let len = file.metadata().await?.len();
-                let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
-                    file,
-                    1 << 20,
-                ));
-                let http = http.clone();
-                tasks.push(tokio::spawn(async move {
-                    let r = http
-                        .post(url)
-                        .header("content-type", "application/octet-stream")
-                        .header("content-length", len)
-                        .body(body)
-                        .send()
-                        .await?;
-                    if r.status() != 201 {
-                        bail!("upload answered {}", r.status());
-                    }
-                    Ok(())
-                }));
-            }
-        }
-        "pull" => {
-            let out = args.out.clone().context("--out is needed to pull")?;
-            for (name, digest) in args.name.iter().zip(&args.digest) {
-                let url = format!("{}/v2/{}/blobs/{digest}", args.base, args.repo);
-                let path = out.join(name);
-                let expected = vial_core::Digest::parse(digest)?;
-                let http = http.clone();
-                tasks.push(tokio::spawn(async move {
-                    let r = http.get(url).send().await?.error_for_status()?;
-                    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
-                    // Hash and write off the executor, as they arrive.
-                    let writer = tokio::task::spawn_blocking(move || -> Result<()> {
-                        use std::io::Write;
-                        let mut f = std::io::BufWriter::with_capacity(
-                            1 << 20,
-                            std::fs::File::create(&path)?,
-                        );
-                        let mut h = expected.algorithm().hasher();
-                        while let Some(b) = rx.blocking_recv() {
-                            h.update(&b);
-                            f.write_all(&b)?;
-                        }
-                        f.flush()?;
-                        if h.finish() != expected {
-                            bail!("{} does not match its digest", path.display());
-                        }
-                        Ok(())
-                    });
-                    let mut stream = r.bytes_stream();
-                    while let Some(b) = stream.next().await {
-                        if tx.send(b?).await.is_err() {
-                            break;
-                        }
-                    }
-                    drop(tx);
-                    writer.await??;
-                    Ok(())
-                }));
-            }
-        }
-        other => bail!("unknown action {other:?}: push or pull"),
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
 }
