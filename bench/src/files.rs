@@ -688,7 +688,10 @@ fn medians(rows: Vec<Row>) -> Vec<Row> {
             });
             let mut r = g.swap_remove(samples.len().saturating_sub(1) / 2);
             if failed > 0 && r.seconds.is_some() {
-                r.error = Some(format!("{failed} of {} runs failed", samples.len() + failed));
+                r.error = Some(format!(
+                    "{failed} of {} runs failed",
+                    samples.len() + failed
+                ));
             }
             r.samples = samples;
             r
@@ -861,7 +864,9 @@ fn report(results: &mut Results) {
             .collect();
         let rounds = run.rows.iter().map(|r| r.samples.len()).max().unwrap_or(1);
         let medians = if rounds > 1 {
-            format!("; vial and file-per-layer: the median of {rounds} rounds, their range in brackets")
+            format!(
+                "; vial and file-per-layer: the median of {rounds} rounds, their range in brackets"
+            )
         } else {
             String::new()
         };
