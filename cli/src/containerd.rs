@@ -81,7 +81,7 @@ pub fn run_snapshotter(args: SnapshotterArgs) -> anyhow::Result<()> {
             cache_size: args.cache_size,
             prefetch: Prefetch::None,
             timeout: args.timeout,
-            parallel: 16,
+            parallel: vial_snapshotter::mount::DOWNLOADS as usize,
         },
         registry: args.registry.options(),
     };

@@ -32,6 +32,11 @@ pub struct MountArgs {
     /// `all` streams the whole volume into the cache in the background; `none` only reads ahead.
     #[arg(long, default_value = "none", value_parser = ["none", "all"])]
     prefetch: String,
+    /// Downloads in flight at once for reads and read-ahead (each a bulk read of up to 8 MiB of
+    /// chunks). Raise it for a registry far away; on a near one, more in flight only delays the
+    /// chunks readers are waiting for.
+    #[arg(long, default_value_t = vial_snapshotter::mount::DOWNLOADS, value_parser = clap::value_parser!(u32).range(1..=256))]
+    downloads: u32,
     /// How long one chunk may take (retries included) before a read fails with EIO, e.g. 30s.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -241,7 +246,7 @@ fn mount_options(args: &MountArgs, cache_dir: PathBuf) -> MountOptions {
             Prefetch::None
         },
         timeout: args.timeout,
-        parallel: 16,
+        parallel: args.downloads as usize,
     }
 }
 
@@ -409,6 +414,8 @@ fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> an
         .arg(args.cache_size.to_string())
         .arg("--prefetch")
         .arg(&args.prefetch)
+        .arg("--downloads")
+        .arg(args.downloads.to_string())
         .arg("--timeout")
         .arg(humantime::format_duration(args.timeout).to_string());
     if args.follow {
