@@ -459,8 +459,8 @@ pub async fn pull(
             .map_err(|e| ClientError::Invalid(format!("download task failed: {e}")))
             .and_then(|r| r);
         // The first failure stops new runs; those in flight finish, and it is reported.
-        if let (Err(e), None) = (result, &failed) {
-            failed = Some(e);
+        if let Err(e) = result {
+            failed.get_or_insert(e);
         }
     }
     if let Some(e) = failed {
