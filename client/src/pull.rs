@@ -143,6 +143,29 @@ fn into_runs(tree: &Tree, chunks: Vec<(u32, Vec<(usize, u64)>)>) -> Vec<Run> {
     runs
 }
 
+/// Orders runs so that those in flight at once fall in different files, taking each file's runs
+/// in turn: a file takes one write at a time, and runs in file order would all be writing into
+/// the same one.
+fn across_files(runs: Vec<Run>) -> Vec<Run> {
+    let mut by_file: std::collections::BTreeMap<usize, std::collections::VecDeque<Run>> =
+        std::collections::BTreeMap::new();
+    let total = runs.len();
+    for run in runs {
+        let file = run
+            .first()
+            .and_then(|(_, places)| places.first())
+            .map_or(0, |&(f, _)| f);
+        by_file.entry(file).or_default().push_back(run);
+    }
+    let mut ordered = Vec::with_capacity(total);
+    while ordered.len() < total {
+        for queue in by_file.values_mut() {
+            ordered.extend(queue.pop_front());
+        }
+    }
+    ordered
+}
+
 /// Positional writes into the files being pulled, each file opened once.
 struct Writer {
     targets: Arc<Vec<FileTarget>>,
@@ -419,7 +442,7 @@ pub async fn pull(
     let mut order: Vec<(u32, Vec<(usize, u64)>)> = wanted.into_iter().collect();
     order.sort_by_key(|(c, _)| *c);
     let chunks_downloaded = order.len() as u64;
-    let runs = into_runs(&tree, order);
+    let runs = across_files(into_runs(&tree, order));
     let writer = Arc::new(Writer::new(Arc::clone(&targets)));
     // Each run is a task of its own, on the runtime's workers beside the connection tasks that
     // receive its bytes: polled from the caller's thread instead (`block_on` in the CLI), every
@@ -776,4 +799,28 @@ fn finish(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run of one chunk that goes to `file`.
+    fn run(chunk: u32, file: usize) -> Run {
+        vec![(chunk, vec![(file, 0)])]
+    }
+
+    #[test]
+    fn runs_take_turns_between_files_and_each_file_keeps_its_order() {
+        let runs = vec![
+            run(0, 0),
+            run(1, 0),
+            run(2, 0),
+            run(3, 1),
+            run(4, 1),
+            run(5, 2),
+        ];
+        let order: Vec<u32> = across_files(runs).iter().map(|r| r[0].0).collect();
+        assert_eq!(order, [0, 3, 5, 1, 4, 2]);
+    }
 }
