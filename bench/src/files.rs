@@ -74,6 +74,10 @@ pub struct FilesArgs {
     /// 1 GiB only and 4 concurrent pushes: a few minutes instead of about twenty.
     #[arg(long)]
     pub quick: bool,
+    /// Leave the machine's free page reporting on: by default it is turned off for the run and
+    /// the free memory written once, so no run pays the host to back memory again (bench/src/hostmem.rs).
+    #[arg(long)]
+    pub keep_page_reporting: bool,
 }
 
 /// One timed operation by one client.
@@ -770,6 +774,7 @@ pub async fn files(mut args: FilesArgs) -> Result<()> {
         }
     }
     let bench = std::env::current_exe().context("cannot find vial-bench itself")?;
+    let _pinned = (!args.keep_page_reporting).then(crate::hostmem::Pinned::start);
     let parent = args.workdir.clone().unwrap_or_else(servers::default_parent);
     let work = WorkDir::create(&parent, false)?;
     let mut results = Results {

@@ -14,6 +14,7 @@ mod data;
 mod files;
 mod fleet;
 mod follow;
+mod hostmem;
 mod manifests;
 mod mount;
 mod mounted;
