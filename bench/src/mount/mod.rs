@@ -76,6 +76,9 @@ pub struct MountArgs {
     /// Keep the run's directory (checkpoints, registry data, caches, logs).
     #[arg(long)]
     pub keep: bool,
+    /// Leave the machine's free page reporting on (see `vial-bench files --help`).
+    #[arg(long)]
+    pub keep_page_reporting: bool,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -257,6 +260,7 @@ pub async fn mount(mut args: MountArgs) -> Result<()> {
         *program = pushers::absolute_program(program);
     }
     let plan = plan(&args)?;
+    let _pinned = (!args.keep_page_reporting).then(crate::hostmem::Pinned::start);
     let mut r = MountResults {
         machine: machine(),
         quick: args.quick,
