@@ -34,15 +34,6 @@ fn read(path: &str) -> Option<String> {
         .map(|s| s.trim().to_owned())
 }
 
-/// `MemFree:` of /proc/meminfo, bytes.
-fn free_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    meminfo.lines().find_map(|l| {
-        let kib = l.strip_prefix("MemFree:")?.trim().strip_suffix("kB")?;
-        kib.trim().parse::<u64>().ok().map(|k| k * 1024)
-    })
-}
-
 /// Writes a byte to every page of `bytes` of newly allocated memory, then frees it.
 fn touch(bytes: u64) -> u64 {
     const PIECE: usize = 256 << 20;
@@ -80,7 +71,9 @@ impl Pinned {
             return Pinned { restore: None };
         };
         let started = Instant::now();
-        let touched = touch(free_bytes().unwrap_or(0).saturating_sub(MARGIN));
+        let touched = touch(
+            (crate::mounted::meminfo_kib("MemFree:").unwrap_or(0) * 1024).saturating_sub(MARGIN),
+        );
         eprintln!(
             "vial-bench: free page reporting off for the run (page_reporting_order {original} -> \
              {order}, {} KiB reported so far); wrote to {:.1} GiB of free memory in {:.1} s so \

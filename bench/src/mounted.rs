@@ -480,13 +480,18 @@ pub fn drop_page_cache() -> Result<()> {
 
 /// `Cached:` of /proc/meminfo, KiB.
 pub fn page_cache_kib() -> Option<u64> {
+    meminfo_kib("Cached:")
+}
+
+/// A field of /proc/meminfo (`"MemFree:"`, say), KiB.
+pub fn meminfo_kib(field: &str) -> Option<u64> {
     let mut s = String::new();
     File::open("/proc/meminfo")
         .ok()?
         .read_to_string(&mut s)
         .ok()?;
     s.lines().find_map(|l| {
-        l.strip_prefix("Cached:")?
+        l.strip_prefix(field)?
             .trim()
             .trim_end_matches("kB")
             .trim()

@@ -221,13 +221,12 @@ impl BlobStore for FsBlobStore {
 
     async fn delete_pack(&self, id: &PackId) -> Result<bool, StorageError> {
         let path = self.pack_path(id);
-        let closed = self
-            .open_packs
+        // Closed first, so no later read finds the file through the set.
+        self.open_packs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .files
             .remove(id);
-        drop(closed);
         Ok(not_found_is_none(tokio::fs::remove_file(&path).await, &path)?.is_some())
     }
 
