@@ -1,14 +1,18 @@
 //! The file-per-layer ceiling client the `files` benchmark times against vial: each file one
 //! monolithic blob upload, each pulled back on its own stream.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
 /// The file-per-layer ceiling client: `push` uploads each file as one monolithic blob (digest known
 /// up front, as skopeo knows it from an OCI layout), `pull` GETs each and checks its digest as it
-/// writes, every file on its own stream at once.
+/// writes, every file on its own stream at once. `push --hash` is the same client starting from
+/// the files alone, as `oras push` does: it hashes each file while it streams it (one upload
+/// session per file, the whole body in one PATCH, the digest in the closing PUT), so each byte is
+/// read once.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
     /// `push` or `pull`.
@@ -25,6 +29,9 @@ pub struct ClientArgs {
     pub digest: Vec<String>,
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Push without `--digest`: hash each file while sending it.
+    #[arg(long)]
+    pub hash: bool,
 }
 
 pub async fn client(args: ClientArgs) -> Result<()> {
@@ -32,6 +39,15 @@ pub async fn client(args: ClientArgs) -> Result<()> {
     let http = reqwest::Client::builder().no_proxy().build()?;
     let mut tasks = Vec::new();
     match args.action.as_str() {
+        "push" if args.hash => {
+            for file in &args.file {
+                let (http, base, repo) = (http.clone(), args.base.clone(), args.repo.clone());
+                let file = file.clone();
+                tasks.push(tokio::spawn(async move {
+                    push_hashing(&http, &base, &repo, &file).await
+                }));
+            }
+        }
         "push" => {
             for (file, digest) in args.file.iter().zip(&args.digest) {
                 let url = format!(
@@ -104,6 +120,73 @@ pub async fn client(args: ClientArgs) -> Result<()> {
     }
     for t in tasks {
         t.await??;
+    }
+    Ok(())
+}
+
+/// Uploads a file whose digest is not known yet: open an upload session, stream the file in one
+/// PATCH while hashing it, close the session with the digest.
+async fn push_hashing(http: &reqwest::Client, base: &str, repo: &str, path: &Path) -> Result<()> {
+    use futures_util::StreamExt;
+    let location = |r: &reqwest::Response| -> Result<String> {
+        let l = r
+            .headers()
+            .get("location")
+            .context("upload answered without a Location")?
+            .to_str()?;
+        Ok(if l.starts_with('/') {
+            format!("{base}{l}")
+        } else {
+            l.to_owned()
+        })
+    };
+    let r = http
+        .post(format!("{base}/v2/{repo}/blobs/uploads/"))
+        .send()
+        .await?;
+    if r.status() != 202 {
+        bail!("starting an upload answered {}", r.status());
+    }
+    let session = location(&r)?;
+    let file = tokio::fs::File::open(path).await?;
+    let len = file.metadata().await?.len();
+    let hasher = Arc::new(Mutex::new(Some(vial_core::Algorithm::Sha256.hasher())));
+    let h = Arc::clone(&hasher);
+    let body = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20).map(move |b| {
+        if let (Ok(b), Some(h)) = (&b, h.lock().expect("hasher lock").as_mut()) {
+            h.update(b);
+        }
+        b
+    });
+    let r = http
+        .patch(&session)
+        .header("content-type", "application/octet-stream")
+        .header("content-length", len)
+        .body(reqwest::Body::wrap_stream(body))
+        .send()
+        .await?;
+    if r.status() != 202 {
+        bail!("uploading {} answered {}", path.display(), r.status());
+    }
+    let session = location(&r)?;
+    let digest = hasher
+        .lock()
+        .expect("hasher lock")
+        .take()
+        .context("the file was hashed twice")?
+        .finish();
+    let sep = if session.contains('?') { '&' } else { '?' };
+    let r = http
+        .put(format!("{session}{sep}digest={digest}"))
+        .header("content-length", 0)
+        .send()
+        .await?;
+    if r.status() != 201 {
+        bail!(
+            "closing the upload of {} answered {}",
+            path.display(),
+            r.status()
+        );
     }
     Ok(())
 }
