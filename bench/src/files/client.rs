@@ -1,5 +1,6 @@
-//! The file-per-layer ceiling client the `files` benchmark times against vial: each file one
-//! monolithic blob upload, each pulled back on its own stream.
+//! The file-per-layer clients the `files` benchmark times against vial: each file one blob
+//! upload (monolithic when the digests are known, streamed and hashed on the way when not), each
+//! pulled back on its own stream.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -10,9 +11,9 @@ use clap::Args;
 /// The file-per-layer ceiling client: `push` uploads each file as one monolithic blob (digest known
 /// up front, as skopeo knows it from an OCI layout), `pull` GETs each and checks its digest as it
 /// writes, every file on its own stream at once. `push --hash` is the same client starting from
-/// the files alone, as `oras push` does: it hashes each file while it streams it (one upload
-/// session per file, the whole body in one PATCH, the digest in the closing PUT), so each byte is
-/// read once.
+/// the files alone, as `oras push` does; where `oras push` hashes each file in a pass of its own
+/// before it uploads it, this one hashes each file while it streams it (one upload session per
+/// file, the whole body in one PATCH, the digest in the closing PUT), so each byte is read once.
 #[derive(Debug, Args)]
 pub struct ClientArgs {
     /// `push` or `pull`.
@@ -128,17 +129,14 @@ pub async fn client(args: ClientArgs) -> Result<()> {
 /// PATCH while hashing it, close the session with the digest.
 async fn push_hashing(http: &reqwest::Client, base: &str, repo: &str, path: &Path) -> Result<()> {
     use futures_util::StreamExt;
-    let location = |r: &reqwest::Response| -> Result<String> {
+    // A Location may be relative to the request's URL.
+    let location = |r: &reqwest::Response| -> Result<reqwest::Url> {
         let l = r
             .headers()
             .get("location")
             .context("upload answered without a Location")?
             .to_str()?;
-        Ok(if l.starts_with('/') {
-            format!("{base}{l}")
-        } else {
-            l.to_owned()
-        })
+        Ok(r.url().join(l)?)
     };
     let r = http
         .post(format!("{base}/v2/{repo}/blobs/uploads/"))
@@ -158,29 +156,28 @@ async fn push_hashing(http: &reqwest::Client, base: &str, repo: &str, path: &Pat
         }
         b
     });
-    let r = http
-        .patch(&session)
+    let mut patch = http
+        .patch(session)
         .header("content-type", "application/octet-stream")
-        .header("content-length", len)
-        .body(reqwest::Body::wrap_stream(body))
-        .send()
-        .await?;
+        .header("content-length", len);
+    if len > 0 {
+        patch = patch.header("content-range", format!("0-{}", len - 1));
+    }
+    let r = patch.body(reqwest::Body::wrap_stream(body)).send().await?;
     if r.status() != 202 {
         bail!("uploading {} answered {}", path.display(), r.status());
     }
-    let session = location(&r)?;
+    let mut session = location(&r)?;
     let digest = hasher
         .lock()
         .expect("hasher lock")
         .take()
         .context("the file was hashed twice")?
         .finish();
-    let sep = if session.contains('?') { '&' } else { '?' };
-    let r = http
-        .put(format!("{session}{sep}digest={digest}"))
-        .header("content-length", 0)
-        .send()
-        .await?;
+    session
+        .query_pairs_mut()
+        .append_pair("digest", &digest.to_string());
+    let r = http.put(session).header("content-length", 0).send().await?;
     if r.status() != 201 {
         bail!(
             "closing the upload of {} answered {}",
