@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 
-use crate::report::{CheckResult, Outcome};
+use crate::report::{CheckResult, Outcome, EXCLUDED};
 
 /// Why a check did not pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl Recorder {
             self.results.push(CheckResult::new(
                 id,
                 description,
-                Outcome::Skipped("excluded by configuration".into()),
+                Outcome::Skipped(EXCLUDED.into()),
             ));
             return;
         }

@@ -4,7 +4,8 @@
 //! (monolithic, single POST, chunked, mounted, non-sha256), pushing and pulling manifests, pulling
 //! blobs and byte ranges, listing tags and referrers, deleting content, and the error bodies that
 //! go with each refusal. Every check gets a stable id (`push.chunked.out-of-order-416`) and ends as
-//! a pass, a failure with a reason, or a skip with a reason; a check never panics.
+//! a pass, a failure with a reason, a warning with a reason (an alternative the suite tolerates
+//! but the check does not name), or a skip with a reason; a check never panics.
 //!
 //! Where the specification lets a registry choose (a `202` instead of single-POST support,
 //! disabled deletion, no `Link` header), the suite accepts each sanctioned answer: an unsupported
@@ -32,5 +33,5 @@ mod push;
 mod report;
 mod runner;
 
-pub use report::{category_of, CheckResult, Outcome, Report};
+pub use report::{category_of, CheckResult, Outcome, Report, StrictFailures};
 pub use runner::{default_namespace, run, Config};

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vial_conformance::{default_namespace, run, Config};
+use vial_conformance::{default_namespace, run, Config, StrictFailures};
 
 /// Check a registry against the OCI Distribution Specification v1.1.
 #[derive(Debug, Parser)]
@@ -31,8 +31,9 @@ struct Args {
     #[arg(long)]
     json: bool,
 
-    /// Also exit non-zero when a check was skipped (optional features count as required), except
-    /// checks excluded with --skip.
+    /// Also exit non-zero when a check ended in a warning (a tolerated alternative is not what
+    /// the check requires) or was skipped (optional features count as required), except checks
+    /// excluded with --skip.
     #[arg(long)]
     strict: bool,
 }
@@ -68,11 +69,15 @@ async fn main() -> ExitCode {
         }
         println!("{}", report.summary());
     }
-    let strict_failure = args.strict
-        && report.results.iter().any(|r| {
-            matches!(&r.outcome, vial_conformance::Outcome::Skipped(why) if why != "excluded by configuration")
-        });
-    if report.failed() > 0 || strict_failure {
+    let strict = if args.strict {
+        report.strict_failures()
+    } else {
+        StrictFailures::default()
+    };
+    if !strict.is_empty() {
+        eprintln!("{strict}");
+    }
+    if report.failed() > 0 || !strict.is_empty() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -88,6 +88,9 @@ impl fmt::Display for CheckResult {
     }
 }
 
+/// The reason a check excluded with `--skip` is skipped: the one skip a strict run accepts.
+pub(crate) const EXCLUDED: &str = "excluded by configuration";
+
 /// The category of a check: its id up to the first dot.
 pub fn category_of(id: &'static str) -> &'static str {
     id.split('.').next().unwrap_or(id)
@@ -127,6 +130,21 @@ impl Report {
         self.results.iter().find(|r| r.id == id)
     }
 
+    /// What fails a strict run besides the failures: every warning, since a tolerated
+    /// alternative is still not what the check requires, and every skip but those the
+    /// configuration asked for, since a strict run treats optional features as required.
+    pub fn strict_failures(&self) -> StrictFailures {
+        let mut strict = StrictFailures::default();
+        for r in &self.results {
+            match &r.outcome {
+                Outcome::Warn(_) => strict.warnings.push(r.id),
+                Outcome::Skipped(why) if why != EXCLUDED => strict.skips.push(r.id),
+                _ => {}
+            }
+        }
+        strict
+    }
+
     /// `N passed, M failed`, followed by `, W warnings` and `, K skipped` when there are any.
     pub fn summary(&self) -> String {
         let mut line = format!("{} passed, {} failed", self.passed(), self.failed());
@@ -139,6 +157,42 @@ impl Report {
             line.push_str(&format!(", {skipped} skipped"));
         }
         line
+    }
+}
+
+/// The checks that fail a strict run although they did not fail, by id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StrictFailures {
+    /// Checks that ended in a warning.
+    pub warnings: Vec<&'static str>,
+    /// Checks skipped for a reason other than `--skip`.
+    pub skips: Vec<&'static str>,
+}
+
+impl StrictFailures {
+    pub fn is_empty(&self) -> bool {
+        self.warnings.is_empty() && self.skips.is_empty()
+    }
+}
+
+impl fmt::Display for StrictFailures {
+    /// `strict: 1 warning (errors.name-invalid) and 2 skips (a, b) count as failures`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let part = |ids: &[&str], one: &str, many: &str| {
+            let noun = if ids.len() == 1 { one } else { many };
+            format!("{} {noun} ({})", ids.len(), ids.join(", "))
+        };
+        let mut parts = Vec::new();
+        if !self.warnings.is_empty() {
+            parts.push(part(&self.warnings, "warning", "warnings"));
+        }
+        if !self.skips.is_empty() {
+            parts.push(part(&self.skips, "skip", "skips"));
+        }
+        if parts.is_empty() {
+            return write!(f, "strict: nothing but passes and failures");
+        }
+        write!(f, "strict: {} count as failures", parts.join(" and "))
     }
 }
 
@@ -181,5 +235,48 @@ mod tests {
         );
         let json = serde_json::to_value(Outcome::Pass).unwrap_or_default();
         assert_eq!(json, serde_json::json!({"status": "pass"}));
+    }
+
+    #[test]
+    fn a_strict_run_fails_on_warnings_and_on_skips_it_did_not_ask_for() {
+        let mut report = Report {
+            results: vec![
+                CheckResult::new("push.a", "does a", Outcome::Pass),
+                CheckResult::new("pull.b", "does b", Outcome::Skipped(EXCLUDED.into())),
+            ],
+        };
+        assert!(
+            report.strict_failures().is_empty(),
+            "passes and --skip exclusions are fine under --strict"
+        );
+        report.results.push(CheckResult::new(
+            "errors.c",
+            "does c",
+            Outcome::Warn("answered 404".into()),
+        ));
+        let strict = report.strict_failures();
+        assert_eq!(strict.warnings, ["errors.c"]);
+        assert!(strict.skips.is_empty());
+        assert_eq!(
+            strict.to_string(),
+            "strict: 1 warning (errors.c) count as failures"
+        );
+        report.results.push(CheckResult::new(
+            "pull.d",
+            "does d",
+            Outcome::Skipped("Range unsupported".into()),
+        ));
+        report.results.push(CheckResult::new(
+            "errors.e",
+            "does e",
+            Outcome::Warn("another code".into()),
+        ));
+        let strict = report.strict_failures();
+        assert_eq!(strict.warnings, ["errors.c", "errors.e"]);
+        assert_eq!(strict.skips, ["pull.d"]);
+        assert_eq!(
+            strict.to_string(),
+            "strict: 2 warnings (errors.c, errors.e) and 1 skip (pull.d) count as failures"
+        );
     }
 }
