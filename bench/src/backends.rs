@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::data::{self, Blob};
 use crate::manifests::{self, Latency};
+use crate::report::{num, ratio, times, Goal};
 use crate::run::{machine, sync_disk};
 use crate::servers::{self, Server, WorkDir};
 use crate::{blobs, report};
@@ -42,6 +43,13 @@ pub struct BackendsArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
 }
+
+/// The goal for the production backends: throughput within 70% of the embedded default's,
+/// read as each of the four throughput figures at least this fraction of the default's.
+const MIN_THROUGHPUT_VS_DEFAULT: f64 = 0.7;
+/// The goal for manifest reads under load: GET p99 below this, in milliseconds, with the
+/// manifest test's concurrent clients (64 by default).
+const MAX_MANIFEST_GET_P99_MS: f64 = 20.0;
 
 pub(crate) const ACCESS_KEY: &str = "vial-bench";
 pub(crate) const SECRET_KEY: &str = "vial-bench-secret";
@@ -299,6 +307,7 @@ struct Results {
     large: String,
     manifest_clients: usize,
     setups: Vec<Setup>,
+    goals: Vec<Goal>,
 }
 
 fn keep<T>(what: &str, result: Result<T>) -> Option<T> {
@@ -367,6 +376,7 @@ pub async fn backends(args: BackendsArgs) -> Result<()> {
         large: format!("{large_n} x {large_mib} MiB"),
         manifest_clients: args.manifest_clients,
         setups: Vec::new(),
+        goals: Vec::new(),
     };
     let only = |flag: &str, value: String| vec![flag.to_owned(), value];
     let setups: [(&str, Vec<Replica>); 5] = [
@@ -449,6 +459,8 @@ pub async fn backends(args: BackendsArgs) -> Result<()> {
     drop(pg);
 
     print_table(&results);
+    results.goals = evaluate(&results);
+    report::print_goal_list(&results.goals, &[]);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&results)?)
             .with_context(|| format!("could not write {}", path.display()))?;
@@ -511,5 +523,133 @@ fn print_table(r: &Results) {
             ratio(two.pull_small_mb_s, one.pull_small_mb_s),
             ratio(two.pull_large_mb_s, one.pull_large_mb_s),
         );
+    }
+}
+
+/// The goals for every registry setup: throughput against the embedded default (the first
+/// setup), and manifest GET p99 under load.
+fn evaluate(r: &Results) -> Vec<Goal> {
+    let mut goals = Vec::new();
+    let Some(base) = r.setups.first() else {
+        return goals;
+    };
+    // The setups in brackets are s3s-fs on its own, not a registry.
+    for (i, s) in r
+        .setups
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.name.starts_with('('))
+    {
+        if i > 0 {
+            let figures = [
+                ratio(s.push_small_mb_s, base.push_small_mb_s),
+                ratio(s.push_large_mb_s, base.push_large_mb_s),
+                ratio(s.pull_small_mb_s, base.pull_small_mb_s),
+                ratio(s.pull_large_mb_s, base.pull_large_mb_s),
+            ];
+            // No verdict when a figure is missing: the worst of the others may not be the worst.
+            let worst = figures
+                .iter()
+                .copied()
+                .collect::<Option<Vec<f64>>>()
+                .map(|v| v.into_iter().fold(f64::INFINITY, f64::min));
+            let all: Vec<String> = figures.iter().map(|&x| times(x)).collect();
+            goals.push(Goal {
+                goal: format!(
+                    "{}: every throughput >= {MIN_THROUGHPUT_VS_DEFAULT}x the embedded default's",
+                    s.name
+                ),
+                pass: worst.map(|w| w >= MIN_THROUGHPUT_VS_DEFAULT),
+                detail: format!(
+                    "worst {} (push, push, pull, pull: {})",
+                    times(worst),
+                    all.join(", ")
+                ),
+            });
+        }
+        let p99 = s.manifests.as_ref().map(|l| l.get_p99_ms);
+        goals.push(Goal {
+            goal: format!(
+                "{}: manifest GET p99 < {MAX_MANIFEST_GET_P99_MS} ms with {} clients",
+                s.name, r.manifest_clients
+            ),
+            pass: p99.map(|p| p < MAX_MANIFEST_GET_P99_MS),
+            detail: format!("{} ms", num(p99, 1)),
+        });
+    }
+    goals
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(name: &str, mb_s: [f64; 4], get_p99_ms: f64) -> Setup {
+        Setup {
+            name: name.into(),
+            push_small_mb_s: Some(mb_s[0]),
+            push_large_mb_s: Some(mb_s[1]),
+            pull_small_mb_s: Some(mb_s[2]),
+            pull_large_mb_s: Some(mb_s[3]),
+            manifests: Some(Latency {
+                put_p50_ms: 1.0,
+                put_p99_ms: 1.0,
+                get_p50_ms: 1.0,
+                get_p99_ms,
+                puts: 1,
+                gets: 1,
+                wall_s: 1.0,
+            }),
+        }
+    }
+
+    #[test]
+    fn goals_pass_and_miss_by_the_measured_figures() {
+        // The 2026-11-29 run's figures.
+        let r = Results {
+            machine: report::Machine::default(),
+            small: String::new(),
+            large: String::new(),
+            manifest_clients: 64,
+            setups: vec![
+                setup("SQLite + filesystem", [264.0, 705.0, 1683.0, 2471.0], 2.4),
+                setup(
+                    "PostgreSQL + filesystem",
+                    [285.0, 727.0, 1445.0, 2538.0],
+                    10.5,
+                ),
+                setup(
+                    "PostgreSQL + S3, 2 replicas",
+                    [77.0, 121.0, 145.0, 241.0],
+                    23.6,
+                ),
+                Setup {
+                    name: "(s3s-fs alone, multipart)".into(),
+                    push_large_mb_s: Some(168.0),
+                    ..Setup::default()
+                },
+            ],
+            goals: Vec::new(),
+        };
+        let verdicts: Vec<(String, Option<bool>)> =
+            evaluate(&r).into_iter().map(|g| (g.goal, g.pass)).collect();
+        let pass = |name: &str| {
+            verdicts
+                .iter()
+                .find(|(g, _)| g.starts_with(name))
+                .and_then(|(_, p)| *p)
+        };
+        assert_eq!(verdicts.len(), 5, "{verdicts:?}");
+        assert_eq!(pass("SQLite + filesystem: manifest"), Some(true));
+        assert_eq!(
+            pass("PostgreSQL + filesystem: every throughput"),
+            Some(true)
+        );
+        assert_eq!(pass("PostgreSQL + filesystem: manifest"), Some(true));
+        assert_eq!(
+            pass("PostgreSQL + S3, 2 replicas: every throughput"),
+            Some(false)
+        );
+        assert_eq!(pass("PostgreSQL + S3, 2 replicas: manifest"), Some(false));
     }
 }

@@ -16,8 +16,15 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::backends::Postgres;
-use crate::report::{median, num, table};
+use crate::report::{self, median, num, table, Goal};
 use crate::servers;
+
+/// Issue #22's goal for collection: a pass collects at least this many blobs a second, whatever
+/// the store's size.
+const MIN_BLOBS_PER_SECOND: f64 = 10_000.0;
+/// Issue #22's goal for the presence check of 4,096 digests, in milliseconds; the issue asks it of
+/// a store of 1e7 blobs, and the bench judges it at every size it ran, naming the size.
+const MAX_PRESENCE_MS: f64 = 100.0;
 
 #[derive(Debug, Args)]
 pub struct ScaleArgs {
@@ -503,8 +510,85 @@ pub async fn scale(args: ScaleArgs) -> Result<()> {
         &header,
         &rows,
     );
+    // The third goal, request paths flat or logarithmic in N, has no bound the bench could
+    // check without inventing one: the table above is its evidence, judged by reading it.
+    report::print_goal_list(&evaluate(&runs), &[]);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&runs)?)?;
     }
     Ok(())
+}
+
+/// Issue #22's two goals with a number, at each size that ran.
+fn evaluate(runs: &[Run]) -> Vec<Goal> {
+    let mut goals = Vec::new();
+    for r in runs {
+        goals.push(Goal {
+            goal: format!(
+                "{} blobs: presence check of 4,096 digests < {MAX_PRESENCE_MS} ms",
+                r.blobs
+            ),
+            pass: r.presence_4096_ms.map(|ms| ms < MAX_PRESENCE_MS),
+            detail: format!("{} ms, median of 5", num(r.presence_4096_ms, 1)),
+        });
+    }
+    for r in runs {
+        let rate = Some(r.blobs_per_second).filter(|x| x.is_finite());
+        goals.push(Goal {
+            goal: format!(
+                "{} blobs: GC pass >= {MIN_BLOBS_PER_SECOND} blobs per second",
+                r.blobs
+            ),
+            pass: rate.map(|x| x >= MIN_BLOBS_PER_SECOND),
+            detail: format!(
+                "{} ({} blobs in {:.2} s)",
+                num(rate, 0),
+                r.pass_blobs,
+                r.pass_seconds
+            ),
+        });
+    }
+    goals
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(blobs: u64, presence_ms: f64, pass_blobs: u64, pass_seconds: f64) -> Run {
+        Run {
+            blobs,
+            presence_4096_ms: Some(presence_ms),
+            pass_blobs,
+            pass_seconds,
+            blobs_per_second: pass_blobs as f64 / pass_seconds,
+            ..Run::default()
+        }
+    }
+
+    #[test]
+    fn goals_pass_and_miss_by_the_measured_figures() {
+        // The 2026-12-04 afternoon's last runs: 12,553 and 9,782 blobs/s, 34.7 and 52.4 ms.
+        let goals = evaluate(&[
+            run(100_000, 34.7, 3_750, 0.2987),
+            run(10_000_000, 52.4, 419_750, 42.91),
+        ]);
+        let verdicts: Vec<Option<bool>> = goals.iter().map(|g| g.pass).collect();
+        assert_eq!(
+            verdicts,
+            [Some(true), Some(true), Some(true), Some(false)],
+            "{goals:?}"
+        );
+        // The 2026-12-03 evening's 1e7 presence check.
+        let goals = evaluate(&[run(10_000_000, 114.1, 419_750, 104.0)]);
+        assert_eq!(goals[0].pass, Some(false), "{goals:?}");
+    }
+
+    #[test]
+    fn a_measurement_that_failed_has_no_verdict() {
+        let mut r = run(100_000, 0.0, 0, 0.0);
+        r.presence_4096_ms = None;
+        let goals = evaluate(&[r]);
+        assert!(goals.iter().all(|g| g.pass.is_none()), "{goals:?}");
+    }
 }
