@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
 use crate::support::browser::Browser;
 use crate::support::model::{bert_like, write_safetensors, TensorSpec};
 use crate::support::oci::pseudo_random;
@@ -156,18 +158,44 @@ fn the_pages_show_what_was_pushed_copied_and_tagged_down_to_the_changed_tensors(
         "{base}/ui/r/weights/model/-/compare?a={d1}&b={d2}"
     ));
     let text = browser.text();
-    assert!(text.contains("s1.layer.1.ffn.weight"), "{text}");
     assert!(
         !text.contains("s0.layer.1.ffn.weight"),
         "an unchanged tensor listed: {text}"
     );
-    assert!(text.contains("model-1.safetensors") && text.contains("config.json"));
+    assert!(
+        !text.contains("model-0.safetensors"),
+        "the unchanged shard is listed: {text}"
+    );
+    let tables = browser.tables();
+    // The files table lists the changed files, each marked as such, and nothing else.
+    let mut files = tables[0].clone();
+    files.sort();
+    assert_eq!(
+        files,
+        [["M", "config.json"], ["M", "model-1.safetensors"]],
+        "{text}"
+    );
+    // The changed shard's tensor table (after its heading row) names the rewritten tensor alone.
+    let tensors: Vec<&str> = tables[1][1..].iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(tensors, ["s1.layer.1.ffn.weight"], "{text}");
     browser.screenshot(&shots.join("compare.png"));
 
-    // The tag's history: pushed to v2's predecessor, then moved.
+    // The tag's history, newest first: pushed to v2's predecessor, then moved to v2 by the next
+    // push. Columns: when, by, from, to, why.
     browser.open(&format!("{base}/ui/r/weights/model/-/tags/candidate"));
-    let text = browser.text();
-    assert!(text.matches("push").count() >= 2, "{text}");
+    let history: Vec<Vec<String>> = browser.tables()[0][1..]
+        .iter()
+        .map(|row| row[2..].to_vec())
+        .collect();
+    assert_eq!(
+        history,
+        [
+            [&d1[..19], &d2[..19], "push"],
+            ["(none)", &d1[..19], "push"]
+        ],
+        "{}",
+        browser.text()
+    );
     browser.open(&format!("{base}/ui/r/weights/model/-/tags/prod"));
     assert!(browser.text().contains(&d1[..19]));
 
@@ -293,6 +321,12 @@ fn a_private_repository_is_invisible_to_anonymous_visitors_and_visible_once_sign
     assert!(home_page.contains("public/open"));
     for page in &anonymous_pages {
         let html = browser.open(&format!("{base}{page}"));
+        // vial's own page (its header), not an empty or foreign one that shows nothing anyway.
+        assert_eq!(
+            browser.eval("document.querySelector('header a.brand') !== null"),
+            true,
+            "{page} is not a page of the UI: {html}"
+        );
         assert!(
             !html.contains("secret-model"),
             "{page} shows the private repository to an anonymous visitor"
@@ -323,14 +357,21 @@ fn a_private_repository_is_invisible_to_anonymous_visitors_and_visible_once_sign
         "{base}/ui/r/private/secret-model/-/v/{secret_digest}"
     ));
     assert!(browser.text().contains("model-0.safetensors"));
-    assert!(
-        browser
-            .eval("document.cookie")
-            .as_str()
-            .unwrap_or("")
-            .is_empty(),
+    // The browser holds the session as a cookie, and scripts cannot read it: a cookie a script
+    // sets is all `document.cookie` shows (so the read itself works).
+    let session: Vec<Value> = browser
+        .cookies()
+        .into_iter()
+        .filter(|c| c["name"] == "vial_session")
+        .collect();
+    assert_eq!(session.len(), 1, "no session cookie: {session:?}");
+    assert_eq!(session[0]["httpOnly"], true, "{session:?}");
+    assert_eq!(
+        browser.eval("document.cookie = 'probe=1'; document.cookie"),
+        "probe=1",
         "the session cookie is readable from scripts"
     );
+    browser.eval("document.cookie = 'probe=; max-age=0'; true");
 
     // The cookie, as the server sets it.
     let r = reqwest::blocking::Client::builder()
@@ -354,8 +395,7 @@ fn a_private_repository_is_invisible_to_anonymous_visitors_and_visible_once_sign
     );
 
     // Signing out drops the session: the private repository is gone again.
-    browser.eval("document.querySelector('header form').submit(); true");
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    browser.submit("document.querySelector('header form').submit(); true");
     let html = browser.open(&format!("{base}/ui/"));
     assert!(!html.contains("secret-model"));
 }

@@ -101,8 +101,9 @@ impl Browser {
         Some(b)
     }
 
-    /// Sends one DevTools command and returns its result (events in between are skipped).
-    fn call(&mut self, method: &str, params: Value) -> Value {
+    /// Sends one DevTools command and returns its answer, an error included (events in between
+    /// are skipped).
+    fn send(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
         let id = self.next_id;
         self.socket
@@ -119,38 +120,85 @@ impl Browser {
                 continue;
             };
             if v["id"] == id {
-                assert!(v.get("error").is_none(), "{method} failed: {v}");
-                return v["result"].clone();
+                return v;
             }
         }
     }
 
-    /// Evaluates JavaScript in the page and returns its value.
-    pub fn eval(&mut self, expression: &str) -> Value {
-        let r = self.call(
+    /// Sends one DevTools command and returns its result; a command that fails fails the test.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let v = self.send(method, params);
+        assert!(v.get("error").is_none(), "{method} failed: {v}");
+        v["result"].clone()
+    }
+
+    /// Evaluates JavaScript in the page: its value, or what went wrong (the expression threw, or
+    /// the page had no document to run it in, as happens in the middle of a navigation).
+    fn try_eval(&mut self, expression: &str) -> Result<Value, Value> {
+        let v = self.send(
             "Runtime.evaluate",
             json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
         );
-        r["result"]["value"].clone()
-    }
-
-    /// Waits until the page has loaded (after a navigation or a form's submission).
-    fn settle(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        // A navigation takes a moment to start: wait for the old document to go, then the new to
-        // be complete.
-        std::thread::sleep(Duration::from_millis(50));
-        while self.eval("document.readyState") != "complete" {
-            assert!(Instant::now() < deadline, "the page did not finish loading");
-            std::thread::sleep(Duration::from_millis(20));
+        if let Some(error) = v.get("error") {
+            return Err(error.clone());
+        }
+        let r = &v["result"];
+        match r.get("exceptionDetails") {
+            Some(exception) => Err(exception.clone()),
+            None => Ok(r["result"]["value"].clone()),
         }
     }
 
-    /// Loads `url` and returns the rendered document.
+    /// Evaluates JavaScript in the page and returns its value. An expression that throws fails
+    /// the test: its `undefined` would pass for an empty answer.
+    pub fn eval(&mut self, expression: &str) -> Value {
+        self.try_eval(expression)
+            .unwrap_or_else(|e| panic!("evaluating {expression:?} failed: {e}"))
+    }
+
+    /// Marks the document shown now, so `settle` can tell when another has replaced it.
+    fn mark_document(&mut self) {
+        self.eval("window.__vialReplaced = false; true");
+    }
+
+    /// Waits until the navigation started after `mark_document` has replaced the document and the
+    /// new one has loaded; a navigation that failed (Chromium's own error page) fails the test.
+    fn settle(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let loaded = "window.__vialReplaced === undefined && document.readyState === 'complete'";
+        while self.try_eval(loaded) != Ok(Value::Bool(true)) {
+            assert!(Instant::now() < deadline, "the page did not finish loading");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let at = self.eval("location.href");
+        assert!(
+            !at.as_str().unwrap_or_default().starts_with("chrome-error:"),
+            "the navigation failed: Chromium shows its error page: {}",
+            self.text()
+        );
+    }
+
+    /// Loads `url` and returns the rendered document. A navigation that fails (no server, a
+    /// refused connection) fails the test: Chromium's error page would pass every check that
+    /// something is absent.
     pub fn open(&mut self, url: &str) -> String {
-        self.call("Page.navigate", json!({ "url": url }));
+        self.mark_document();
+        let r = self.call("Page.navigate", json!({ "url": url }));
+        assert!(
+            r.get("errorText").is_none(),
+            "navigating to {url} failed: {}",
+            r["errorText"]
+        );
         self.settle();
         self.html()
+    }
+
+    /// Runs `script`, which submits a form or otherwise navigates, and waits for the page it
+    /// leads to.
+    pub fn submit(&mut self, script: &str) {
+        self.mark_document();
+        self.eval(script);
+        self.settle();
     }
 
     /// The rendered document as HTML.
@@ -169,6 +217,23 @@ impl Browser {
             .to_owned()
     }
 
+    /// Every table on the page, as rows of cells' text: what a visitor reads in each column, so a
+    /// check can name the row and column a value belongs in rather than find it anywhere.
+    pub fn tables(&mut self) -> Vec<Vec<Vec<String>>> {
+        let tables = self.eval(
+            "Array.from(document.querySelectorAll('table')).map(t => Array.from(t.rows)\
+             .map(r => Array.from(r.cells).map(c => c.innerText.trim())))",
+        );
+        serde_json::from_value(tables).expect("tables as rows of cells")
+    }
+
+    /// The cookies the browser sends with the page shown now, as DevTools reports them (`name`,
+    /// `httpOnly`, …).
+    pub fn cookies(&mut self) -> Vec<Value> {
+        let r = self.call("Network.getCookies", json!({}));
+        r["cookies"].as_array().cloned().unwrap_or_default()
+    }
+
     /// Fills the sign-in form and submits it, as a visitor would.
     pub fn sign_in(&mut self, base: &str, user: &str, password: &str) {
         self.open(&format!("{base}/ui/login"));
@@ -179,8 +244,7 @@ impl Browser {
             serde_json::to_string(user).unwrap(),
             serde_json::to_string(password).unwrap()
         );
-        self.eval(&script);
-        self.settle();
+        self.submit(&script);
     }
 
     /// Sets the viewport (a phone is 390 wide) and the colour scheme the page sees.
