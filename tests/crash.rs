@@ -26,6 +26,48 @@ struct Ledger {
     packs: Vec<Vec<(Digest, Vec<u8>)>>,
     /// Packs whose upload was under way when the server died.
     packs_in_flight: Vec<Vec<(Digest, Vec<u8>)>>,
+    /// Answers no request here should get: the server answered, so it was alive, and every
+    /// request is valid. A 5xx is not a refusal that left the state as it was: the server may
+    /// have committed before it failed, and it failed.
+    unexpected: Vec<String>,
+}
+
+/// Why a request sequence stopped.
+enum Stopped {
+    /// No answer: the server died (or the connection did with it).
+    NoAnswer,
+    /// An answer no live, correct server gives to these valid requests.
+    Unexpected(String),
+}
+
+impl From<reqwest::Error> for Stopped {
+    fn from(_: reqwest::Error) -> Stopped {
+        Stopped::NoAnswer
+    }
+}
+
+/// `Err(Unexpected)` unless `resp` has `status`.
+fn expect_status(
+    resp: reqwest::blocking::Response,
+    status: u16,
+    what: &str,
+) -> Result<reqwest::blocking::Response, Stopped> {
+    if resp.status() == status {
+        return Ok(resp);
+    }
+    let got = resp.status();
+    let body = resp.text().unwrap_or_default();
+    Err(Stopped::Unexpected(format!(
+        "{what}: {got} where {status} was due: {body}"
+    )))
+}
+
+/// Ends a worker: a sequence the server's death cut short is expected; any other answer is
+/// recorded for the test to fail on.
+fn stopped(ledger: &Mutex<Ledger>, why: Stopped) {
+    if let Stopped::Unexpected(what) = why {
+        ledger.lock().unwrap().unexpected.push(what);
+    }
 }
 
 const PACK_REPO: &str = "crash/packs";
@@ -57,16 +99,15 @@ fn packer(base: String, seed: u64, stop: Arc<AtomicBool>, ledger: Arc<Mutex<Ledg
             l.packs_in_flight.push(chunks.clone());
             l.packs_in_flight.len() - 1
         };
-        let Ok(resp) = client
+        let sent = client
             .post(format!("{base}/v2/{PACK_REPO}/_vial/packs"))
             .header("content-type", "application/vnd.vial.pack.v1")
             .body(body)
             .send()
-        else {
-            return;
-        };
-        if resp.status() != 201 {
-            return;
+            .map_err(Stopped::from)
+            .and_then(|resp| expect_status(resp, 201, "POST a pack"));
+        if let Err(why) = sent {
+            return stopped(&ledger, why);
         }
         let mut l = ledger.lock().unwrap();
         let pack = l.packs_in_flight.remove(slot);
@@ -98,12 +139,8 @@ fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: A
         let digest = Algorithm::Sha256.digest_bytes(&data);
         let key = (repo.clone(), digest.clone());
         ledger.lock().unwrap().in_flight.insert(key.clone(), size);
-        let Ok(acknowledged) = upload_chunked(&client, &base, &repo, &data, &digest, blob_seed)
-        else {
-            return;
-        };
-        if !acknowledged {
-            return;
+        if let Err(why) = upload_chunked(&client, &base, &repo, &data, &digest, blob_seed) {
+            return stopped(&ledger, why);
         }
         {
             let mut l = ledger.lock().unwrap();
@@ -129,28 +166,28 @@ fn pusher(base: String, worker: u64, seed: u64, stop: Arc<AtomicBool>, ledger: A
             .or_default()
             .unanswered
             .push(d.clone());
-        let Ok(resp) = client
+        // The manifest is valid and its blob acknowledged: 201 is the only answer a live server
+        // gives. Anything else leaves the PUT unanswered in the ledger (the tag may have moved)
+        // and fails the test.
+        let sent = client
             .put(format!("{base}/v2/{repo}/manifests/{tag}"))
             .header("content-type", vial_core::media::OCI_MANIFEST)
             .body(manifest.clone())
             .send()
-        else {
-            return;
-        };
+            .map_err(Stopped::from)
+            .and_then(|resp| expect_status(resp, 201, &format!("PUT {repo}:{tag}")));
+        if let Err(why) = sent {
+            return stopped(&ledger, why);
+        }
         let mut l = ledger.lock().unwrap();
         let state = l.tags.get_mut(&key).unwrap();
-        if resp.status() == 201 {
-            state.acknowledged = Some(d.clone());
-            state.unanswered.clear();
-            l.manifests.push((repo.clone(), tag, d, manifest));
-        } else {
-            // An answer other than 201 is a refusal: the tag did not move.
-            state.unanswered.retain(|u| *u != d);
-        }
+        state.acknowledged = Some(d.clone());
+        state.unanswered.clear();
+        l.manifests.push((repo.clone(), tag, d, manifest));
     }
 }
 
-/// Uploads with a POST, several PATCHes and a PUT. Ok(true) once acknowledged.
+/// Uploads with a POST, several PATCHes and a PUT; `Ok` once the server acknowledged the blob.
 fn upload_chunked(
     client: &reqwest::blocking::Client,
     base: &str,
@@ -158,16 +195,19 @@ fn upload_chunked(
     data: &[u8],
     digest: &Digest,
     seed: u64,
-) -> Result<bool, reqwest::Error> {
+) -> Result<(), Stopped> {
     let start = client
         .post(format!("{base}/v2/{repo}/blobs/uploads/"))
         .send()?;
+    let start = expect_status(start, 202, &format!("POST an upload to {repo}"))?;
     let Some(location) = start
         .headers()
         .get("location")
         .and_then(|l| l.to_str().ok())
     else {
-        return Ok(false);
+        return Err(Stopped::Unexpected(format!(
+            "POST an upload to {repo}: 202 without a Location"
+        )));
     };
     let location = format!("{base}{location}");
     let chunk = 256 * 1024 + (seed % 100_000) as usize;
@@ -181,16 +221,15 @@ fn upload_chunked(
             )
             .body(data[offset..offset + chunk].to_vec())
             .send()?;
-        if resp.status() != 202 {
-            return Ok(false);
-        }
+        expect_status(resp, 202, &format!("PATCH {offset} of {digest}"))?;
         offset += chunk;
     }
     let resp = client
         .put(format!("{location}?digest={digest}"))
         .body(data[offset..].to_vec())
         .send()?;
-    Ok(resp.status() == 201)
+    expect_status(resp, 201, &format!("PUT {digest}"))?;
+    Ok(())
 }
 
 fn verify(server: &Server, ledger: &mut Ledger) {
@@ -409,12 +448,14 @@ fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
             300 + (seed.wrapping_add(round * 7919)) % 900,
         ));
         // On a slow backend or a loaded machine no push may have finished yet: the first crash
-        // waits for an acknowledged blob, tag and pack, so the test always checks each.
+        // waits for an acknowledged blob, tag and pack, so the test always checks each (or for
+        // an unexpected answer, which fails the test below).
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let something_of_each = |l: &Ledger| {
-            !l.committed.is_empty()
-                && !l.packs.is_empty()
-                && l.tags.values().any(|t| t.acknowledged.is_some())
+            !l.unexpected.is_empty()
+                || !l.committed.is_empty()
+                    && !l.packs.is_empty()
+                    && l.tags.values().any(|t| t.acknowledged.is_some())
         };
         while round == 0
             && !something_of_each(&ledger.lock().unwrap())
@@ -427,6 +468,11 @@ fn sigkill_during_concurrent_pushes_loses_nothing_acknowledged() {
         for w in workers {
             w.join().unwrap();
         }
+        let unexpected = std::mem::take(&mut ledger.lock().unwrap().unexpected);
+        assert!(
+            unexpected.is_empty(),
+            "the live server gave answers other than success: {unexpected:#?}"
+        );
     }
     let server = Server::start_on(&data, &[]);
     let mut l = ledger.lock().unwrap();
