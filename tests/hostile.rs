@@ -1,7 +1,9 @@
-//! Hostile input, generated: a seeded stream of well over 1,500 malformed, mismatched and
-//! unauthorized requests (paths, methods, ranges, uploads, manifests, tokens, extensions) against
-//! a registry with authentication rules and one without. Nothing may answer 5xx, no handler may
-//! panic, every error must be the OCI envelope, and no identity may change what its rules forbid.
+//! Hostile input, generated: a seeded stream of 1,500 malformed, mismatched and unauthorized
+//! requests (paths, methods, ranges, uploads, manifests, tokens, extensions) against a registry
+//! with authentication rules, and 1,500 more against one without. Nothing may answer 5xx, no
+//! handler may panic in either server, every error must be the OCI envelope, no identity may change
+//! what its rules forbid, and no identity may read (2xx on a repository path) where its rules do not
+//! let it pull. The seed is new every run and printed; `VIAL_HOSTILE_SEED=0x…` replays one.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -57,7 +59,9 @@ fn may(who: Who, repo: &str, action: &str) -> bool {
         (Who::Alice, "pull") => true,
         (Who::Alice, "push" | "delete") => team_or_public,
         (Who::Bob, "pull") => true,
-        (Who::Anonymous, "pull") => repo.starts_with("public/"),
+        // A forged credential may get at most what no credential gets: a registry may ignore a
+        // header it does not use (a Basic one where tokens are expected) and serve anonymously.
+        (Who::Anonymous | Who::Forged, "pull") => repo.starts_with("public/"),
         _ => false,
     }
 }
@@ -320,19 +324,7 @@ fn body(rng: &mut Rng, path: &str, known: &[(String, u64)]) -> Vec<u8> {
 
 fn headers(rng: &mut Rng, mut r: RequestBuilder) -> RequestBuilder {
     if rng.chance(30) {
-        r = r.header(
-            "range",
-            *rng.pick(&[
-                "bytes=0-0",
-                "bytes=5-2",
-                "bytes=-0",
-                "bytes=0-18446744073709551615",
-                "bytes=99999999999999999999-",
-                "bytes=0-1,3-4",
-                "items=0-1",
-                "bytes=",
-            ]),
-        );
+        r = r.header("range", hostile_range(rng));
     }
     if rng.chance(30) {
         r = r.header(
@@ -368,9 +360,16 @@ fn headers(rng: &mut Rng, mut r: RequestBuilder) -> RequestBuilder {
     r
 }
 
+/// The right a successful request of `method` on a repository's `path` needs: what it changes
+/// beyond pull (push or delete), else pull, since every 2xx on a repository path shows something
+/// of the repository (a blob, a manifest, a tag list, a version list, a lease, a job). Presence
+/// checks and leases are writes a puller may make.
+fn needs(method: &Method, path: &str) -> &'static str {
+    needs_beyond_pull(method, path).unwrap_or("pull")
+}
+
 /// Whether a request of `method` on `path` would change something in `repo` that needs `action`
-/// beyond pull: the requests whose success by someone without that right is a bypass. Presence
-/// checks and leases are writes a puller may make; they are checked by their effects instead.
+/// beyond pull: the requests whose success by someone without that right is a bypass.
 fn needs_beyond_pull(method: &Method, path: &str) -> Option<&'static str> {
     let extension = |name: &str| path.contains(&format!("/_vial/{name}"));
     if extension("blobs/present") || extension("leases") {
@@ -453,9 +452,56 @@ fn plausible_write(
     }
 }
 
+/// A read of something that exists (a seeded blob or manifest, in the repository that holds it),
+/// often with a hostile `Range`: the requests that reach the byte-range arithmetic, and whose
+/// success for a caller without pull rights is a read bypass. Returns (method, path).
+fn plausible_read(rng: &mut Rng, known: &[(String, u64)]) -> (Method, String) {
+    // The seeds: known[0] lives in team/secret, known[1] in public/open.
+    let (repo, blob) = match rng.below(2) {
+        0 => ("team/secret", &known[0].0),
+        _ => ("public/open", &known[1].0),
+    };
+    let target = match rng.below(4) {
+        0 => format!("manifests/{}", rng.pick(&["v1", "t0", "t1"])),
+        1 => "tags/list".to_owned(),
+        _ => format!("blobs/{blob}"),
+    };
+    let method = if rng.chance(25) {
+        Method::HEAD
+    } else {
+        Method::GET
+    };
+    (method, format!("/v2/{repo}/{target}"))
+}
+
+/// A `Range` header from the edges of what parses: reversed, empty, multiple, other units, and
+/// bounds at and past 2^64.
+fn hostile_range(rng: &mut Rng) -> &'static str {
+    const RANGES: &[&str] = &[
+        "bytes=0-0",
+        "bytes=5-2",
+        "bytes=-0",
+        "bytes=-1",
+        "bytes=-18446744073709551615",
+        "bytes=0-18446744073709551615",
+        "bytes=18446744073709551615-18446744073709551615",
+        "bytes=18446744073709551614-",
+        "bytes=99999999999999999999-",
+        "bytes=1-18446744073709551614",
+        "bytes=0-1,3-4",
+        "items=0-1",
+        "bytes=",
+    ];
+    *rng.pick(RANGES)
+}
+
 struct Outcome {
-    requests: usize,
+    /// Requests that got an answer (each one did, or the run failed).
+    answered: usize,
+    /// Repositories a caller allowed to push or delete there changed with a 2xx.
     writes_by_alice: BTreeSet<String>,
+    /// Every successful request that needed more than pull: (method, path).
+    writes: Vec<(Method, String)>,
     /// How many answers had each status, to show the storm reached past the front door.
     statuses: std::collections::BTreeMap<u16, usize>,
 }
@@ -480,6 +526,8 @@ fn assault(
     let digests: Vec<String> = known.iter().map(|(d, _)| d.clone()).collect();
     let mut rng = Rng(seed);
     let mut writes_by_alice = BTreeSet::new();
+    let mut writes = Vec::new();
+    let mut answered = 0;
     let mut statuses = std::collections::BTreeMap::new();
     let methods = [
         Method::GET,
@@ -497,9 +545,23 @@ fn assault(
         } else {
             Who::Anonymous
         };
-        // A third of the storm is well formed, so that refusals are tested where acceptance
-        // would have been possible; the rest is malformed in every way.
-        let (method, path, url, mut request) = if rng.chance(33) {
+        // A fifth of the storm reads what exists (with hostile ranges), a third of the rest
+        // writes in well-formed ways, so that refusals are tested where acceptance would have
+        // been possible and the range arithmetic meets real blobs; the rest is malformed in every
+        // way.
+        let (method, path, url, mut request) = if rng.chance(20) {
+            let (method, path) = plausible_read(&mut rng, known);
+            let url = format!("{base}{path}");
+            let mut request = client.request(method.clone(), &url);
+            if rng.chance(70) {
+                request = request.header("range", hostile_range(&mut rng));
+            }
+            let repo = repo_of(&path).unwrap_or_default();
+            if let Some(h) = tokens.header(who, &repo, &mut rng) {
+                request = request.header("authorization", h);
+            }
+            (method, path, url, request)
+        } else if rng.chance(40) {
             let repo = *rng.pick(&["team/secret", "team/new", "public/open", "public/fresh"]);
             let (method, path_query, bytes, content_type) = plausible_write(&mut rng, repo, known);
             let mut request = client
@@ -527,10 +589,11 @@ fn assault(
             (method, path, url, request)
         };
         request = request.timeout(Duration::from_secs(60));
-        let what = format!("#{i} {who:?} {method} {url}");
+        let what = format!("seed {seed:#x} #{i} {who:?} {method} {url}");
         let response = request
             .send()
             .unwrap_or_else(|e| panic!("{what}: no answer (a dropped connection?): {e}"));
+        answered += 1;
         let status = response.status().as_u16();
         *statuses.entry(status).or_default() += 1;
         let headers = response.headers().clone();
@@ -558,19 +621,19 @@ fn assault(
         let ok = (200..300).contains(&status);
         if with_auth && ok {
             if let Some(repo) = repo_of(&path) {
-                match needs_beyond_pull(&method, &path) {
-                    Some(action) => {
-                        assert!(
-                            may(who, &repo, action),
-                            "{what}: {status} although {who:?} may not {action} {repo}: an authorization bypass"
-                        );
-                        writes_by_alice.insert(repo);
-                    }
-                    // A presence check writes (links) only for who may push there.
-                    None if may(who, &repo, "push") => {
-                        writes_by_alice.insert(repo);
-                    }
-                    None => {}
+                // Reads included: a 2xx GET or HEAD of a private repository's blob, manifest,
+                // tags or extensions by a caller who may not pull there is a bypass too.
+                let action = needs(&method, &path);
+                assert!(
+                    may(who, &repo, action),
+                    "{what}: {status} although {who:?} may not {action} {repo}: an authorization bypass"
+                );
+                if action != "pull" {
+                    writes.push((method.clone(), path.clone()));
+                }
+                // A presence check writes (links) only for who may push there.
+                if action != "pull" || may(who, &repo, "push") {
+                    writes_by_alice.insert(repo);
                 }
             }
             assert_ne!(
@@ -579,16 +642,23 @@ fn assault(
             );
         }
     }
-    eprintln!("hostile requests by status: {statuses:?}");
+    eprintln!("hostile requests (seed {seed:#x}) by status: {statuses:?}");
     Outcome {
-        requests: count,
+        answered,
         writes_by_alice,
+        writes,
         statuses,
     }
 }
 
 /// Pushes a blob and a manifest tagged v1 into `repo` as `token`'s holder; returns the blob.
-fn seed(c: &Client, base: &str, repo: &str, token: Option<&str>, bytes: &[u8]) -> (String, u64) {
+fn seed_repo(
+    c: &Client,
+    base: &str,
+    repo: &str,
+    token: Option<&str>,
+    bytes: &[u8],
+) -> (String, u64) {
     let with = |r: RequestBuilder| match token {
         Some(t) => r.header("authorization", format!("Bearer {t}")),
         None => r,
@@ -613,8 +683,39 @@ fn seed(c: &Client, base: &str, repo: &str, token: Option<&str>, bytes: &[u8]) -
     (digest, bytes.len() as u64)
 }
 
+/// The storm's seed: `VIAL_HOSTILE_SEED` (decimal or 0x…) to replay a failure, else new each run.
+fn storm_seed() -> u64 {
+    let seed = match std::env::var("VIAL_HOSTILE_SEED") {
+        Ok(v) => match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => v.parse(),
+        }
+        .unwrap_or_else(|e| panic!("VIAL_HOSTILE_SEED={v:?}: {e}")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    };
+    // The generator is xorshift: a zero state would stay zero.
+    let seed = seed | 1;
+    eprintln!("hostile storm seed {seed:#x} (replay with VIAL_HOSTILE_SEED={seed:#x})");
+    seed
+}
+
+/// The lines of a server log that show a handler panicked.
+fn panics_in(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()))
+        .lines()
+        .filter(|l| l.contains("panicked"))
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
 fn hostile_requests_get_no_5xx_no_panic_and_no_authorization_bypass() {
+    const STORM: usize = 1500;
+    let seed = storm_seed();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("server.log");
     let config = config(dir.path());
@@ -635,14 +736,14 @@ fn hostile_requests_get_no_5xx_no_panic_and_no_authorization_bypass() {
     let secret_token = alice(&mut tokens, "team/secret");
     let open_token = alice(&mut tokens, "public/open");
     let known = vec![
-        seed(
+        seed_repo(
             &c,
             &base,
             "team/secret",
             Some(&secret_token),
             &pseudo_random(3000, 1),
         ),
-        seed(
+        seed_repo(
             &c,
             &base,
             "public/open",
@@ -660,20 +761,38 @@ fn hostile_requests_get_no_5xx_no_panic_and_no_authorization_bypass() {
             .map(|v| v.to_str().unwrap().to_owned())
     };
     let secret_before = tag_of("team/secret", &secret_token);
+    assert!(secret_before.is_some(), "the seed tag resolves");
 
-    let outcome = assault(&server, true, 1300, 0x5eed_0001, &known);
+    let outcome = assault(&server, true, STORM, seed, &known);
+    assert_eq!(outcome.answered, STORM, "seed {seed:#x}");
     // The storm reached every layer: refusals at the door, and requests that got through.
     for status in [200, 201, 202, 400, 401, 403, 404, 405] {
         assert!(
             outcome.statuses.get(&status).copied().unwrap_or(0) >= 5,
-            "too few {status} answers to trust the run: {:?}",
+            "seed {seed:#x}: too few {status} answers to trust the run: {:?}",
             outcome.statuses
         );
     }
 
-    // The seeds that only alice could change are intact unless alice wrote there.
-    if !outcome.writes_by_alice.contains("team/secret") {
-        assert_eq!(tag_of("team/secret", &secret_token), secret_before);
+    // The seed tag of the private repository moved only if an allowed caller wrote to that very
+    // tag or to the manifest it names; otherwise a refused request changed it after all.
+    let seed_manifest_paths = [
+        "/v2/team/secret/manifests/v1".to_owned(),
+        format!(
+            "/v2/team/secret/manifests/{}",
+            secret_before.clone().unwrap_or_default()
+        ),
+    ];
+    let tag_written = outcome
+        .writes
+        .iter()
+        .any(|(_, path)| seed_manifest_paths.contains(path));
+    if !tag_written {
+        assert_eq!(
+            tag_of("team/secret", &secret_token),
+            secret_before,
+            "seed {seed:#x}: team/secret:v1 moved, but no allowed request wrote it"
+        );
     }
     // No repository exists that nobody allowed to push there wrote to.
     let catalog_token = alice(&mut tokens, "team/secret");
@@ -690,37 +809,56 @@ fn hostile_requests_get_no_5xx_no_panic_and_no_authorization_bypass() {
             repo == "team/secret"
                 || repo == "public/open"
                 || outcome.writes_by_alice.contains(repo),
-            "{repo} exists, but only callers without push rights wrote to it: {catalog}"
+            "seed {seed:#x}: {repo} exists, but only callers without push rights wrote to it: {catalog}"
         );
         assert!(
             may(Who::Alice, repo, "push"),
-            "{repo} was created outside alice's rules"
+            "seed {seed:#x}: {repo} was created outside alice's rules"
         );
     }
     assert_eq!(c.get(format!("{base}/v2/")).send().unwrap().status(), 401);
     drop(server);
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(!text.contains("panicked"), "a handler panicked:\n{text}");
+    let panics = panics_in(&log);
+    assert!(
+        panics.is_empty(),
+        "seed {seed:#x}: a handler panicked: {panics:#?}"
+    );
 
-    // The same storm without authentication: still no 5xx and the envelope on every error.
-    let open = Server::start();
+    // The same storm without authentication: still no 5xx, the envelope on every error, and no
+    // panic in that server's log either.
+    let open_dir = tempfile::tempdir().unwrap();
+    let open_log = open_dir.path().join("server.log");
+    let open = Server::start_logging(&open_dir.path().join("data"), &[], "warn", &open_log);
     let open_known = vec![
-        seed(
+        seed_repo(
             &c,
             &open.url(),
             "team/secret",
             None,
             &pseudo_random(3000, 1),
         ),
-        seed(&c, &open.url(), "public/open", None, &pseudo_random(500, 2)),
+        seed_repo(&c, &open.url(), "public/open", None, &pseudo_random(500, 2)),
     ];
-    let second = assault(&open, false, 400, 0x5eed_0002, &open_known);
-    assert!(outcome.requests + second.requests >= 1500);
+    let second = assault(&open, false, STORM, seed.rotate_left(17) | 1, &open_known);
+    assert_eq!(second.answered, STORM, "seed {seed:#x}");
+    for status in [200, 201, 202, 400, 404] {
+        assert!(
+            second.statuses.get(&status).copied().unwrap_or(0) >= 5,
+            "seed {seed:#x}: too few {status} answers from the open server: {:?}",
+            second.statuses
+        );
+    }
     assert_eq!(
         c.get(format!("{}/v2/", open.url()))
             .send()
             .unwrap()
             .status(),
         200
+    );
+    drop(open);
+    let panics = panics_in(&open_log);
+    assert!(
+        panics.is_empty(),
+        "seed {seed:#x}: a handler of the open server panicked: {panics:#?}"
     );
 }
