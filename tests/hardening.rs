@@ -159,20 +159,31 @@ fn a_presence_check_with_pull_rights_only_links_nothing_and_creates_no_repositor
     assert_eq!(r.status(), 200, "linked for a caller who may push there");
 }
 
+/// The longest a job status request waits, whatever `?wait=` asks (registry/src/api/vial.rs).
+const MAX_JOB_WAIT: Duration = Duration::from_secs(30);
+
 #[test]
 fn a_huge_wait_parameter_is_bounded_instead_of_panicking() {
-    let server = Server::start();
+    // Jobs are queued here and never run, so a status request waits as long as it may.
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        &["--run-jobs", "false", "--sync-source", "oci://127.0.0.1"],
+    );
     let base = server.url();
     let c = Client::new();
-    let d = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-    for wait in [
+    let huge = [
         "1e20",
         "1e308",
         "inf",
         "18446744073709551616",
-        "-5",
-        "99999999999999999999s",
-    ] {
+        "9999999999h",
+    ];
+    // A duration too long to represent at all is refused (400), not waited on.
+    let unrepresentable = "99999999999999999999s";
+    // No such job: answered at once, whatever the wait.
+    let d = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    for wait in huge.iter().chain(&["-5", unrepresentable]) {
         for path in [
             format!("/v2/w/m/_vial/seal/{d}"),
             "/v2/w/m/_vial/sync/0f0f".to_owned(),
@@ -196,6 +207,69 @@ fn a_huge_wait_parameter_is_bounded_instead_of_panicking() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 400, "a wait that is no number is refused");
+
+    // A seal and a sync that stay queued: a huge wait is held to the cap, then answered with the
+    // job as it is; a negative one is no wait at all.
+    let blob = push_blob(&c, &base, "w/m", b"config");
+    let (manifest, _) = push_manifest(&c, &base, "w/m", "v1", &[(blob, 6)]);
+    let r = c
+        .post(format!("{base}/v2/w/m/_vial/seal/{manifest}"))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().unwrap_or_default());
+    let r = c
+        .post(format!("{base}/v2/w/m/_vial/sync"))
+        .json(&serde_json::json!({ "source": "oci://127.0.0.1:9/none:v1", "tag": "synced" }))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().unwrap_or_default());
+    let sync: serde_json::Value = r.json().unwrap();
+    let sync = sync["id"].as_str().unwrap().to_owned();
+    let paths = [
+        format!("/v2/w/m/_vial/seal/{manifest}"),
+        format!("/v2/w/m/_vial/sync/{sync}"),
+    ];
+    for path in &paths {
+        let r = c
+            .get(format!("{base}{path}?wait={unrepresentable}"))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path}?wait={unrepresentable}");
+    }
+    // All at once, so the test waits the cap once.
+    let waits: Vec<_> = huge
+        .iter()
+        .chain(&["-5"])
+        .flat_map(|wait| paths.iter().map(move |path| format!("{path}?wait={wait}")))
+        .map(|query| {
+            let url = format!("{base}{query}");
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let r = Client::new()
+                    .get(url)
+                    .timeout(MAX_JOB_WAIT * 3)
+                    .send()
+                    .unwrap_or_else(|e| panic!("{query}: no answer: {e}"));
+                let elapsed = started.elapsed();
+                assert_eq!(r.status(), 200, "{query}");
+                let job: serde_json::Value = r.json().unwrap();
+                assert_eq!(job["state"], "queued", "{query}: {job}");
+                (query, elapsed)
+            })
+        })
+        .collect();
+    for w in waits {
+        let (query, elapsed) = w.join().unwrap();
+        if query.ends_with("wait=-5") {
+            assert!(elapsed < Duration::from_secs(5), "{query}: {elapsed:?}");
+        } else {
+            // The cap, give or take a loaded machine's delays, and not a moment less.
+            assert!(
+                elapsed >= MAX_JOB_WAIT && elapsed < MAX_JOB_WAIT + Duration::from_secs(10),
+                "{query} answered after {elapsed:?}, not after the {MAX_JOB_WAIT:?} cap"
+            );
+        }
+    }
 }
 
 #[test]
