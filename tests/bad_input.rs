@@ -120,14 +120,35 @@ fn chunk_errors_are_416_and_leave_the_session_usable() {
             "{what}"
         );
     }
-    // A Content-Range that disagrees with the body length is refused and nothing of it is kept.
+    // A chunk that starts where it should but whose Content-Range disagrees with its
+    // Content-Length is not out of order (the spec's 416 is for a chunk that does not start
+    // right after the last one, checked above): its length is wrong, which the spec's error
+    // table calls SIZE_INVALID ("provided length did not match content length"), a 400, and
+    // Distribution answers the same (registry/handlers/blobupload.go). Nothing of it is kept.
     let lying = c
         .patch(&location)
         .header("content-range", "100000-100009")
         .body(vec![0u8; 5])
         .send()
         .unwrap();
-    assert!(lying.status().is_client_error(), "{}", lying.status());
+    let (status, code) = assert_oci_error(lying, "Content-Range longer than Content-Length");
+    assert_eq!((status, code.as_str()), (400, "SIZE_INVALID"));
+    let status = c.get(&location).send().unwrap();
+    assert_eq!(status.status(), 204);
+    assert_eq!(status.headers()["range"], "0-99999");
+    // Without a Content-Length (a chunked body) only the body itself can disagree: it ends short
+    // of its Content-Range, so the chunk did not arrive whole, and nothing of it is kept.
+    let short = c
+        .patch(&location)
+        .header("content-range", "100000-100009")
+        .body(reqwest::blocking::Body::new(std::io::Cursor::new(vec![
+            0u8;
+            5
+        ])))
+        .send()
+        .unwrap();
+    let (status, code) = assert_oci_error(short, "a chunked body shorter than its Content-Range");
+    assert_eq!((status, code.as_str()), (400, "BLOB_UPLOAD_INVALID"));
     let status = c.get(&location).send().unwrap();
     assert_eq!(status.status(), 204);
     assert_eq!(status.headers()["range"], "0-99999");
