@@ -18,6 +18,7 @@ mod containerd;
 mod copy;
 mod crash;
 mod cri;
+mod disk_full;
 mod docker_registry;
 mod follow;
 mod gc;

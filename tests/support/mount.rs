@@ -15,9 +15,12 @@ impl Mount {
     pub fn new(home: &Path, reference: &str, name: &str, extra: &[&str]) -> Mount {
         let path = home.join(name);
         std::fs::create_dir_all(&path).unwrap();
-        let mut args = vec!["mount", reference, path.to_str().unwrap(), "--cache-dir"];
+        let mut args = vec!["mount", reference, path.to_str().unwrap()];
+        // The node cache is home/node-cache unless the caller names one.
         let cache = home.join("node-cache");
-        args.push(cache.to_str().unwrap());
+        if !extra.contains(&"--cache-dir") {
+            args.extend(["--cache-dir", cache.to_str().unwrap()]);
+        }
         args.extend_from_slice(extra);
         vial_ok(home, &args);
         Mount {
