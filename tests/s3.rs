@@ -462,22 +462,35 @@ fn uploads_abandoned_by_a_killed_replica_are_swept() {
     let env = crate::support::s3::aws_env(&moto.endpoint());
     let server = Server::start_with(&data, &args(&[]), &env);
 
-    // A chunk of 40 MiB of which only 20 arrive before the replica is killed: the chunk was being
-    // streamed into a multipart upload, which nobody will complete or abort.
+    // A first chunk of 1 MiB arrives whole: it is an object under the session's prefix. Then a
+    // chunk of 40 MiB of which only 20 arrive before the replica is killed: it was being streamed
+    // into a multipart upload, which nobody will complete or abort.
     let c = client();
     let r = c
         .post(format!("{}/v2/swept/x/blobs/uploads/", server.url()))
         .send()
         .unwrap();
     let location = r.headers()["location"].to_str().unwrap().to_owned();
+    let session = format!("swept/uploads/{}/", location.rsplit('/').next().unwrap());
+    let first = 1 << 20;
+    let r = c
+        .patch(format!("{}{location}", server.url()))
+        .header("content-range", format!("0-{}", first - 1))
+        .body(vec![7u8; first])
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let bucket = crate::support::s3::Bucket::new(&moto.endpoint(), BUCKET);
+    let kept = bucket.keys(&session);
+    assert_eq!(kept.len(), 1, "the first chunk's object: {kept:?}");
     let mut socket = std::net::TcpStream::connect(&server.addr).unwrap();
     use std::io::Write;
     write!(
         socket,
-        "PATCH {location} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\ncontent-range: 0-{}\r\n\r\n",
+        "PATCH {location} HTTP/1.1\r\nhost: {}\r\ncontent-length: {}\r\ncontent-range: {first}-{}\r\n\r\n",
         server.addr,
         40 << 20,
-        (40 << 20) - 1
+        first + (40 << 20) - 1
     )
     .unwrap();
     socket.write_all(&vec![7u8; 20 << 20]).unwrap();
@@ -528,6 +541,9 @@ fn uploads_abandoned_by_a_killed_replica_are_swept() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Its objects went before its record did: nothing is left under its prefix.
+    let left = bucket.keys(&session);
+    assert!(left.is_empty(), "the swept session left {left:?}");
 }
 
 /// `vial_s3_requests_total{method="PUT"}` from the registry's /metrics.

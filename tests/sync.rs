@@ -480,7 +480,9 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
         &format!("{volume}:main"),
     );
 
-    // A cancelled sync stops, says who cancelled it, and never moves its tag.
+    // A cancelled sync stops, says who cancelled it, and never moves its tag. It copies every
+    // file the Hub lists (six, with no exclusions), so a version it sealed would be a new one.
+    let sealed_before = versions(&server, "weights/tiny");
     hub.hold(last);
     let id = vial_ok(
         &home,
@@ -517,7 +519,25 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
         job["error"].as_str().unwrap().contains("cancelled by"),
         "{job}"
     );
+    assert!(job["digest"].is_null(), "{job}");
     let tags = vial_ok(&home, &["tag", "ls", &volume]);
     assert!(!tags.contains("cancelled"), "{tags}");
+    // Nor sealed a version, tagged or not.
+    assert_eq!(versions(&server, "weights/tiny"), sealed_before);
     drop(server);
+}
+
+/// The digests of every sealed version of `repo`, tagged or not, newest first.
+fn versions(server: &Server, repo: &str) -> Vec<String> {
+    let listing: serde_json::Value =
+        reqwest::blocking::get(format!("{}/v2/{repo}/_vial/versions", server.url()))
+            .unwrap()
+            .json()
+            .unwrap();
+    listing["versions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no versions in {listing}"))
+        .iter()
+        .map(|v| v["digest"].as_str().unwrap().to_owned())
+        .collect()
 }
