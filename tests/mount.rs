@@ -1,5 +1,6 @@
 //! Lazy mounts end to end: real FUSE, real registry, real faults.
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::support::model::{write_safetensors, TensorSpec};
 use crate::support::mount::{fuse_available, Mount};
 use crate::support::oci::pseudo_random;
-use crate::support::proxy::{Fault, Proxy};
+use crate::support::proxy::{BlobGet, Fault, Proxy};
 use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
 use crate::support::Server;
 
@@ -258,8 +259,9 @@ fn reading_the_start_of_a_tensor_fetches_the_rest_of_it_and_nothing_beyond() {
         "only {fetched} bytes fetched: the tensor was not read ahead"
     );
     // And nothing of the next tensor: chunks end at tensor boundaries. (The kernel's own
-    // read-ahead after the header may have asked for the first tensor.)
-    std::thread::sleep(Duration::from_millis(300));
+    // read-ahead after the header may have asked for the first tensor.) Checked once the mount
+    // has nothing on its way: every fetch the reads above set off has finished.
+    m.wait_idle();
     let stats = m.stats();
     let fetched = stats["bytes_fetched"].as_u64().unwrap();
     assert!(
@@ -502,11 +504,65 @@ fn sequential_reads_fetch_ahead_in_bulk_and_a_bad_bulk_read_is_eio() {
 
     // A corrupted bulk read: the chunks that matched are kept, the one that did not is fetched
     // again on its own, corrupted again, and the read fails with EIO; no wrong byte is served.
+    // The first third of b.bin arrives intact first, so the reader is known to be sequential and
+    // its next chunks come from bulk reads (read-ahead) rather than from demand fetches.
+    let mut f = std::fs::File::open(m.path.join("b.bin")).unwrap();
+    let mut head = vec![0u8; 16 << 20];
+    f.read_exact(&mut head).unwrap();
+    m.wait_idle();
+    proxy.take_answered();
     proxy.set(Fault::Corrupt);
-    let err = read_sequentially("b.bin").expect_err("corrupt bytes must never be served");
+    let mut buf = vec![0u8; 1 << 20];
+    let err = loop {
+        match f.read(&mut buf) {
+            Ok(0) => panic!("corrupt bytes must never be served: b.bin read to its end"),
+            Ok(_) => {}
+            Err(e) => break e,
+        }
+    };
     assert_eq!(err.raw_os_error(), Some(5), "expected EIO, got {err}");
+    m.wait_idle();
+    let corrupted = proxy.take_answered();
+    let bulk: Vec<&BlobGet> = corrupted.iter().filter(|g| g.digests.len() > 1).collect();
+    let alone: Vec<&String> = corrupted
+        .iter()
+        .filter(|g| g.digests.len() == 1)
+        .map(|g| &g.digests[0])
+        .collect();
+    assert!(!bulk.is_empty(), "no bulk read to corrupt: {corrupted:?}");
+    assert!(
+        alone
+            .iter()
+            .any(|d| bulk.iter().any(|b| b.digests.contains(d))),
+        "a chunk that arrived corrupt in a bulk read is fetched again on its own: {corrupted:?}"
+    );
+    // The proxy flips one byte in the middle of each body, and a bulk read's body is its chunks
+    // end to end, in order: every chunk before the first one fetched again on its own arrived
+    // intact, and is kept.
+    let kept: BTreeSet<&String> = bulk
+        .iter()
+        .filter_map(|b| {
+            let first_bad = b.digests.iter().position(|d| alone.contains(&d))?;
+            Some(&b.digests[..first_bad])
+        })
+        .flatten()
+        .collect();
+    assert!(
+        !kept.is_empty(),
+        "no chunk arrived intact before a corrupt one: {corrupted:?}"
+    );
     proxy.set(Fault::None);
     assert!(read_sequentially("b.bin").unwrap() == std::fs::read(src.join("b.bin")).unwrap());
+    let refetched: Vec<String> = proxy
+        .take_answered()
+        .into_iter()
+        .flat_map(|g| g.digests)
+        .filter(|d| kept.contains(d))
+        .collect();
+    assert!(
+        refetched.is_empty(),
+        "chunks that matched were not kept: fetched again {refetched:?}"
+    );
 }
 
 #[test]

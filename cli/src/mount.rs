@@ -140,6 +140,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             human_bytes(s.cache_limit)
         );
         println!("errors    {}", s.fetch_errors);
+        println!("fetching  {} now", s.fetches_in_flight);
         return Ok(());
     }
     let (Some(reference), Some(mountpoint)) = (args.reference.clone(), args.mountpoint.clone())

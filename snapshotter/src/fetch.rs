@@ -14,7 +14,7 @@ use vial_client::{ClientError, Registry};
 use vial_core::{Digest, RepoName};
 
 use crate::cache::{CacheError, ChunkCache};
-use crate::stats::Stats;
+use crate::stats::{InFlight, Stats};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -240,6 +240,7 @@ impl Fetcher {
         size: u64,
         priority: Priority,
     ) -> Result<(), FetchError> {
+        let _in_flight = InFlight::start(&self.stats);
         let _permit = self.slot(priority).await?;
         let bytes = tokio::time::timeout(
             self.timeout,

@@ -24,7 +24,7 @@ use crate::errno;
 use crate::fetch::{self, Fetcher, Priority};
 use crate::follow::{self, Following, Resolved, Slot};
 use crate::inodes::{FileNode, Inodes, NodeKind, Piece, ROOT, STATS_NAME};
-use crate::stats::Stats;
+use crate::stats::{InFlight, Stats};
 
 /// Attributes never change: the kernel may cache them for as long as it likes.
 const TTL: Duration = Duration::from_secs(24 * 3600);
@@ -366,7 +366,9 @@ impl Shared {
         // is one bulk read.
         for run in fetch::runs(missing) {
             let me = Arc::clone(self);
+            let in_flight = InFlight::start(&self.stats);
             self.runtime.spawn(async move {
+                let _in_flight = in_flight;
                 match me.fetcher.ensure_run(&run, Priority::Demand).await {
                     Ok(n) => {
                         me.stats

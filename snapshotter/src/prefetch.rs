@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use crate::fetch::Priority;
 use crate::fs::Shared;
 use crate::inodes::NodeKind;
+use crate::stats::InFlight;
 
 /// Bulk reads (runs of up to [`crate::fetch::RUN_BYTES`]) the prefetcher keeps in flight.
 const PARALLEL: usize = 4;
@@ -47,6 +48,7 @@ pub async fn prefetch_all(shared: Arc<Shared>) {
         .map(|run| {
             let shared = Arc::clone(&shared);
             async move {
+                let _in_flight = InFlight::start(&shared.stats);
                 let r = shared.fetcher.ensure_run(&run, Priority::Background).await;
                 if let Ok(n) = r {
                     shared

@@ -33,6 +33,26 @@ impl Mount {
         serde_json::from_slice(&std::fs::read(self.path.join(".vial-stats")).unwrap()).unwrap()
     }
 
+    /// Waits until the mount has no fetch under way or decided on (`fetches_in_flight` is 0), so
+    /// what the reads so far set off has all arrived or failed.
+    pub fn wait_idle(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let stats = self.stats();
+            let in_flight = stats["fetches_in_flight"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no fetches_in_flight in {stats}"));
+            if in_flight == 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fetches never finished: {stats}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn is_mounted(&self) -> bool {
         std::fs::read_to_string("/proc/mounts")
             .unwrap()
