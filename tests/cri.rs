@@ -12,7 +12,7 @@ use crate::support::containerd::busybox_layer;
 use crate::support::cri::Cri;
 use crate::support::model::{bert_like, write_safetensors};
 use crate::support::oci::{pseudo_random, write_image_layout_running};
-use crate::support::vial::{push_json, vial_ok};
+use crate::support::vial::{lease_holders, push_json, vial, vial_ok};
 use crate::support::{peer, run, Server};
 
 /// Bytes under `dir`, recursively: what the node cache holds.
@@ -139,12 +139,15 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
         "model.safetensors",
     ];
     let volume = format!("{}/weights/cri:v1", server.addr);
-    push_json(
+    let pinned = push_json(
         &home,
         &src,
         &format!("{}/weights/cri", server.addr),
         &["--tag", "v1"],
-    );
+    )["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let tree = tree_layer(&server, "weights/cri", "v1");
     let pause = format!("{}/k8s/pause:1", server.addr);
     let app = format!("{}/images/busybox:1", server.addr);
@@ -195,11 +198,7 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
             cached < 1 << 20,
             "the pull fetched {cached} bytes of a 25 MiB volume: not lazy"
         );
-        let snapshots = String::from_utf8_lossy(
-            &cri.ctr(&["snapshots", "--snapshotter", "vial", "ls"])
-                .stdout,
-        )
-        .into_owned();
+        let snapshots = cri.ctr_ok(&["snapshots", "--snapshotter", "vial", "ls"]);
         assert!(snapshots.contains(&tree), "{snapshots}");
 
         // A pod (host network, pause image from the registry) with a container that mounts the
@@ -277,6 +276,25 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
             .collect();
         assert_eq!(String::from_utf8_lossy(&exec.stdout), expected);
 
+        // While the pod runs, the node holds a lease on the version, so it cannot be deleted
+        // from under the container.
+        let holders = lease_holders(&server, &pinned);
+        assert!(
+            !holders.is_empty(),
+            "no lease on {pinned} while a pod reads it\n{}",
+            cri.log()
+        );
+        let refused = vial(&home, &["rm", &volume]);
+        assert!(
+            !refused.status.success(),
+            "a version a running pod mounts was deleted"
+        );
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            holders.iter().any(|h| stderr.contains(h.as_str())),
+            "the refusal names the holder {holders:?}: {stderr}"
+        );
+
         // Stop and remove the pod, then the image: the volume is unmounted, its snapshot gone.
         rt.stop_container(StopContainerRequest {
             container_id: container.clone(),
@@ -308,24 +326,24 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
         // removal: wait for the state, not for a time.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
-            let snapshots = String::from_utf8_lossy(
-                &cri.ctr(&["snapshots", "--snapshotter", "vial", "ls"])
-                    .stdout,
-            )
-            .into_owned();
-            if !snapshots.contains(&tree) && volume_mounts(&cri.snapshotter_root).is_empty() {
+            let snapshots = cri.ctr_ok(&["snapshots", "--snapshotter", "vial", "ls"]);
+            if !snapshots.contains(&tree)
+                && volume_mounts(&cri.snapshotter_root).is_empty()
+                && lease_holders(&server, &pinned).is_empty()
+            {
                 break;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the volume is still there after RemoveImage: {snapshots}\n{:?}\n{}",
+                "the volume is still there after RemoveImage: {snapshots}\n{:?}\nleases: {:?}\n{}",
                 volume_mounts(&cri.snapshotter_root),
+                lease_holders(&server, &pinned),
                 cri.log()
             );
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     });
-    // The version was leased while mounted, and no longer is.
+    // The lease went with the mount: the version can be deleted now.
     vial_ok(&home, &["rm", &volume]);
 }
 
@@ -376,11 +394,7 @@ fn a_node_without_the_vial_snapshotter_refuses_a_volume_and_unpacks_nothing() {
         message.contains("vial.tree"),
         "the failure names the volume's layer type: {message}"
     );
-    let snapshots = String::from_utf8_lossy(
-        &cri.ctr(&["snapshots", "--snapshotter", "overlayfs", "ls"])
-            .stdout,
-    )
-    .into_owned();
+    let snapshots = cri.ctr_ok(&["snapshots", "--snapshotter", "overlayfs", "ls"]);
     assert_eq!(
         snapshots.lines().skip(1).count(),
         0,

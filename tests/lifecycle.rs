@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::mount::{fuse_available, Mount};
 use crate::support::oci::pseudo_random;
-use crate::support::vial::{push_json, vial, vial_ok};
+use crate::support::vial::{lease_holders, push_json, vial, vial_ok};
 use crate::support::Server;
 
 /// Pushes a small volume to `reference` with `tags`; returns the pinned reference.
@@ -224,22 +224,6 @@ fn deleting_a_volume_deletes_every_version() {
             .len(),
         2
     );
-}
-
-/// The holders of leases on a version.
-fn lease_holders(server: &Server, pinned: &str) -> Vec<String> {
-    let (name, digest) = pinned.split_once('/').unwrap().1.rsplit_once('@').unwrap();
-    let v: serde_json::Value =
-        reqwest::blocking::get(format!("{}/v2/{name}/_vial/leases/{digest}", server.url()))
-            .unwrap()
-            .json()
-            .unwrap();
-    v["leases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["holder"].as_str().unwrap().to_owned())
-        .collect()
 }
 
 #[test]

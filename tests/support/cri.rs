@@ -225,6 +225,20 @@ state = "{state}"
             .expect("run ctr")
     }
 
+    /// `ctr ARGS`, failing the test with its stderr and the logs if it fails; returns stdout. A
+    /// failed `ctr` lists nothing, which must never read as "nothing is there".
+    pub fn ctr_ok(&self, args: &[&str]) -> String {
+        let out = self.ctr(args);
+        assert!(
+            out.status.success(),
+            "ctr {args:?} failed: {}\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn log(&self) -> String {
         let read =
             |name: &str| std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();

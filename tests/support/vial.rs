@@ -141,3 +141,19 @@ pub fn login(home: &Path, host: &str, user: &str, password: &str) {
         "vial login {host} -u {user}"
     );
 }
+
+/// The holders of leases on a pinned version (`HOST/NAME@DIGEST`), as the registry lists them.
+pub fn lease_holders(server: &super::Server, pinned: &str) -> Vec<String> {
+    let (name, digest) = pinned.split_once('/').unwrap().1.rsplit_once('@').unwrap();
+    let v: serde_json::Value =
+        reqwest::blocking::get(format!("{}/v2/{name}/_vial/leases/{digest}", server.url()))
+            .unwrap()
+            .json()
+            .unwrap();
+    v["leases"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no lease list for {pinned}: {v}"))
+        .iter()
+        .map(|l| l["holder"].as_str().unwrap().to_owned())
+        .collect()
+}
