@@ -169,7 +169,22 @@ fn pushes_racing_collections_never_leave_a_version_whose_blobs_are_gone() {
     };
     let mut committed = Vec::new();
     let (mut refused, mut reclaimed) = (0, 0);
-    for i in 0..16u64 {
+    // Iterations where the push and the collection overlapped: the push was refused, an upload's
+    // bytes vanished under it, or the pass removed some of the version's blobs while the push
+    // found others still there. Without one, the property below was checked of orderings only.
+    let mut overlaps = Vec::new();
+    let vanished_so_far = || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .matches(BYTES_VANISHED)
+            .count()
+    };
+    // At least 16 rounds, and more (up to 64) until the race has been hit at least twice.
+    for i in 0..64u64 {
+        if i >= 16 && overlaps.len() >= 2 {
+            break;
+        }
+        let vanished_before = vanished_so_far();
         // A version whose chunks become unreferenced once it is deleted...
         let src = h.join(format!("src-{i}"));
         write_files(&src, &[("a.bin", 100 + i), ("b.bin", 200 + i)]);
@@ -197,11 +212,18 @@ fn pushes_racing_collections_never_leave_a_version_whose_blobs_are_gone() {
         if push_first {
             std::thread::sleep(delay);
         }
-        reclaimed += gc(h, &server, false)["blobs"].as_u64().unwrap();
+        let pass = gc(h, &server, false)["blobs"].as_u64().unwrap();
+        reclaimed += pass;
         let out = pusher.join().unwrap();
         if out.status.success() {
             // A version that was committed must read back whole.
             let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let reused = report["chunks_reused"].as_u64().unwrap();
+            if (pass > 0 && reused > 0) || vanished_so_far() > vanished_before {
+                overlaps.push(format!(
+                    "{i}: pass removed {pass} blobs, push reused {reused} chunks"
+                ));
+            }
             let pinned = report["reference"].as_str().unwrap().to_owned();
             assert_reads_back(h, &pinned, &src, &format!("back-{i}"));
             committed.push((pinned, src));
@@ -210,10 +232,23 @@ fn pushes_racing_collections_never_leave_a_version_whose_blobs_are_gone() {
             // longer holds. (An upload whose bytes a pass removed under it is answered with a 500
             // the client retries; the log check below holds every 500 to being that.)
             refused += 1;
+            overlaps.push(format!("{i}: push refused"));
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
                 stderr.contains(MANIFEST_REFUSED),
                 "iteration {i}: unexpected failure: {stderr}"
+            );
+            // A refused push published nothing: the version (the same content as `first`, so
+            // the same digest) is not in its repository.
+            let digest = first.rsplit_once('@').unwrap().1;
+            let r = reqwest::blocking::Client::new()
+                .head(format!("{}/v2/race/b{i}/manifests/{digest}", server.url()))
+                .send()
+                .unwrap();
+            assert_eq!(
+                r.status(),
+                404,
+                "iteration {i}: a refused push left its version behind"
             );
         }
     }
@@ -238,8 +273,14 @@ fn pushes_racing_collections_never_leave_a_version_whose_blobs_are_gone() {
         "internal errors other than a removed upload: {failures:#?}"
     );
     eprintln!(
-        "{} pushes committed, {refused} refused by a racing collection, {vanished} uploads retried after one, {reclaimed} blobs reclaimed",
+        "{} pushes committed, {refused} refused by a racing collection, {vanished} uploads retried after one, {reclaimed} blobs reclaimed; overlaps: {overlaps:#?}",
         committed.len()
+    );
+    assert!(
+        overlaps.len() >= 2,
+        "in {} rounds the push and the collection overlapped {} times: the race was not run",
+        committed.len() + refused,
+        overlaps.len()
     );
     assert!(
         !committed.is_empty(),
