@@ -6,7 +6,8 @@
 //! on a blocking thread takes the fetched bytes in order, cuts them at the expected sizes, hashes
 //! and writes each blob to its own temporary file, publishes how far each has got, and moves each
 //! into the store once its digest matched. A blob whose bytes do not match, or whose fetch fails,
-//! is never stored; its followers get an error, never wrong bytes.
+//! is never stored; its followers get an error, never the whole of wrong bytes: a follower is
+//! handed a blob's last byte only after its digest matched.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -79,7 +80,12 @@ impl Flight {
                     let progress = rx.borrow_and_update().clone();
                     let available = match progress {
                         Progress::Starting => 0,
-                        Progress::Writing(n) | Progress::Done(n) => n,
+                        // The byte written last is held back until the digest is checked, so
+                        // the blob's last byte goes out only once the whole blob matched: an
+                        // answer that reaches its end is never complete with wrong bytes, it is
+                        // cut instead. (Its other bytes stream as they land.)
+                        Progress::Writing(n) => n.saturating_sub(1),
+                        Progress::Done(n) => n,
                         Progress::Failed(f) => {
                             let e = std::io::Error::other(f.message.to_string());
                             return Some((Err(e), (flight, rx, end)));
