@@ -104,13 +104,64 @@ impl Tier {
     }
 }
 
-fn start_cache(data: &Path, upstream: &str, extra: &[&str]) -> Server {
+fn cache_args(upstream: &str, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["--upstream".to_owned(), format!("http://{upstream}")];
     if !extra.contains(&"--tag-ttl") {
         args.extend(["--tag-ttl".to_owned(), "1s".to_owned()]);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    Server::start_with(data, &args, &[])
+    args
+}
+
+/// A cache of `upstream` on `data`. Its metadata and blob stores are the ones the backend matrix
+/// picks, as its origin's are: a cache keeps its blobs in its cache directory and must leave them
+/// empty ([`crate::support::assert_matrix_stores_unused`]).
+fn start_cache(data: &Path, upstream: &str, extra: &[&str]) -> Server {
+    let args = cache_args(upstream, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start_on(data, &args)
+}
+
+/// A cache replica like [`start_cache`], its log (warnings and worse) kept in [`replica_log`].
+fn start_replica(data: &Path, upstream: &str, extra: &[&str]) -> Server {
+    let args = cache_args(upstream, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start_logging(data, &args, "warn", &data.with_extension("log"))
+}
+
+/// What a replica started with [`start_replica`] has logged.
+fn replica_log(replica: &Server) -> String {
+    std::fs::read_to_string(replica.data.with_extension("log")).unwrap_or_default()
+}
+
+/// Whether `log` says its replica asked the peer at `url` for blobs and got no answer.
+fn skipped_peer(log: &str, url: &str) -> bool {
+    let peer = format!("peer={url}");
+    log.lines().any(|l| {
+        l.contains("peer cache did not answer") && l.split_whitespace().any(|field| field == peer)
+    })
+}
+
+/// The replica (an index into `peers`, their URLs as given to `--peers`) that owns `digest`:
+/// rendezvous hashing as registry/src/cache/peers.rs does it, the highest first 64 bits of
+/// sha256(url, "\n", digest). The tests choose their victims with it and then check in the
+/// replicas' logs that the victim was asked, so a registry that picks owners otherwise fails them.
+fn owner(peers: &[String], digest: &str) -> usize {
+    let score = |url: &String| {
+        let d = vial_core::Algorithm::Sha256.digest_bytes(format!("{url}\n{digest}").as_bytes());
+        u64::from_str_radix(&d.hex()[..16], 16).unwrap()
+    };
+    (0..peers.len()).max_by_key(|&i| score(&peers[i])).unwrap()
+}
+
+/// The replica that owns the most of `chunks`, and how many it owns.
+fn busiest_owner(peers: &[String], chunks: &[(String, u64)]) -> (usize, usize) {
+    let mut owned = vec![0; peers.len()];
+    for (digest, _) in chunks {
+        owned[owner(peers, digest)] += 1;
+    }
+    let busiest = (0..peers.len()).max_by_key(|&i| owned[i]).unwrap();
+    (busiest, owned[busiest])
 }
 
 fn metric(server: &Server, name: &str) -> u64 {
@@ -199,6 +250,7 @@ fn a_fleet_pulls_through_the_cache_and_the_origin_sends_each_chunk_once() {
             "the mount's chunks all came from the cache"
         );
     }
+    crate::support::assert_matrix_stores_unused(tier.cache());
 }
 
 #[test]
@@ -216,10 +268,154 @@ fn the_cache_never_stores_or_serves_bytes_that_do_not_match() {
         held < 100_000,
         "the cache kept {held} bytes of corrupted blobs"
     );
+
+    // What the cache itself answers, over HTTP: `vial pull` checks digests on its own, so it
+    // cannot tell a cache that sends wrong bytes from one that refuses them. The cache streams a
+    // blob as it arrives and checks the digest at its end: it answers 502 when the check failed
+    // before the answer began, and otherwise holds back the blob's last byte until the digest
+    // matched, cutting the connection when it did not. A whole answer is always the right bytes.
+    let (repo, version) = tier.pinned.split_once('@').unwrap();
+    let chunks = version_chunks(&tier.cache().url(), None, repo, version);
+    assert!(chunks.len() >= 4, "a volume of several chunks: {chunks:?}");
+    let client = reqwest::blocking::Client::new();
+    let (largest, largest_size) = chunks.iter().max_by_key(|(_, size)| *size).unwrap().clone();
+    let r = client
+        .get(format!("{}/v2/{repo}/blobs/{largest}", tier.cache().url()))
+        .send()
+        .unwrap();
+    match r.status().as_u16() {
+        502 => {}
+        200 => {
+            let (body, cut) = read_to_cut(r);
+            assert!(
+                cut && (body.len() as u64) < largest_size,
+                "a GET of {largest} ({largest_size} bytes) through a corrupting upstream was \
+                 answered 200 with {} bytes and {}",
+                body.len(),
+                if cut { "a cut" } else { "a clean end" }
+            );
+        }
+        other => panic!("a GET of a corrupted blob was answered {other}, not 502 or a cut 200"),
+    }
+    // A bulk read of the others: the cache fetches them in one bulk read, in which the proxy
+    // flips the middle byte; the chunk holding it is the bad one.
+    let rest: Vec<(String, u64)> = chunks.into_iter().filter(|(d, _)| *d != largest).collect();
+    let total: u64 = rest.iter().map(|(_, size)| size).sum();
+    let mut bad = (0, 0);
+    let mut at = 0;
+    for (i, (_, size)) in rest.iter().enumerate() {
+        if (at..at + size).contains(&(total / 2)) {
+            bad = (i, at + size);
+        }
+        at += size;
+    }
+    let r = client
+        .post(format!("{}/v2/{repo}/_vial/chunks", tier.cache().url()))
+        .json(&serde_json::json!({ "digests": rest.iter().map(|(d, _)| d).collect::<Vec<_>>() }))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200, "a bulk read answers before its fills end");
+    let (body, cut) = read_to_cut(r);
+    assert!(
+        cut && (body.len() as u64) < bad.1,
+        "a bulk read of {total} bytes, its chunk {} (ending at byte {}) corrupted, ended after {} \
+         bytes with {}",
+        bad.0,
+        bad.1,
+        body.len(),
+        if cut { "a cut" } else { "a clean end" }
+    );
+    let mut at = 0;
+    for (digest, size) in &rest {
+        let Some(bytes) = body.get(at..at + *size as usize) else {
+            break;
+        };
+        assert_eq!(
+            vial_core::Algorithm::Sha256.digest_bytes(bytes).as_str(),
+            digest,
+            "the bulk read handed out a whole chunk with the wrong bytes"
+        );
+        at += *size as usize;
+    }
+
     // The corrupted blobs were not kept: with the upstream healthy again they are fetched anew.
     tier.proxy.set(Fault::None);
+    tier.proxy.take_answered();
+    for digest in [&largest, &rest[bad.0].0] {
+        let r = client
+            .get(format!("{}/v2/{repo}/blobs/{digest}", tier.cache().url()))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let (body, cut) = read_to_cut(r);
+        assert!(!cut, "a healthy fill of {digest} was cut");
+        assert_eq!(
+            vial_core::Algorithm::Sha256.digest_bytes(&body).as_str(),
+            digest
+        );
+    }
+    let asks = tier.upstream_asks();
+    assert!(
+        asks.contains_key(&largest) && asks.contains_key(&rest[bad.0].0),
+        "the blobs that arrived corrupted were asked of the upstream again: {asks:?}"
+    );
     let out = tier.pull_ok("weights/m:v1", "good");
     assert_same_tree(&tier.src, &out);
+}
+
+/// Reads an answer's body until it ends or the connection is cut: the bytes, and whether it was
+/// cut (a body shorter than its `content-length`, or a broken chunked encoding).
+fn read_to_cut(mut r: reqwest::blocking::Response) -> (Vec<u8>, bool) {
+    use std::io::Read;
+    let mut body = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return (body, false),
+            Ok(n) => body.extend_from_slice(&buf[..n]),
+            Err(_) => return (body, true),
+        }
+    }
+}
+
+/// The chunks (digest, size) of volume version `version` of `repo`, from its manifests at the
+/// registry at `base`, with a bearer `token` when it asks for one.
+fn version_chunks(
+    base: &str,
+    token: Option<&str>,
+    repo: &str,
+    version: &str,
+) -> Vec<(String, u64)> {
+    let client = reqwest::blocking::Client::new();
+    let get = |reference: &str| -> serde_json::Value {
+        let mut request = client
+            .get(format!("{base}/v2/{repo}/manifests/{reference}"))
+            .header("accept", vial_core::media::OCI_INDEX)
+            .header("accept", vial_core::media::OCI_MANIFEST);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let r = request.send().unwrap();
+        assert_eq!(r.status(), 200, "manifest {reference} of {repo} at {base}");
+        r.json().unwrap()
+    };
+    let index = get(version);
+    let mut chunks: Vec<(String, u64)> = Vec::new();
+    for m in index["manifests"].as_array().unwrap() {
+        if m["artifactType"] == "application/vnd.vial.chunks.v1" {
+            let part = get(m["digest"].as_str().unwrap());
+            for layer in part["layers"].as_array().unwrap() {
+                let chunk = (
+                    layer["digest"].as_str().unwrap().to_owned(),
+                    layer["size"].as_u64().unwrap(),
+                );
+                if !chunks.contains(&chunk) {
+                    chunks.push(chunk);
+                }
+            }
+        }
+    }
+    chunks
 }
 
 #[test]
@@ -405,11 +601,11 @@ fn skopeo_copies_an_image_through_the_cache() {
 fn replicas_share_the_work_and_a_dead_peer_is_skipped() {
     let tier = Tier::start(&[]);
     let ports: Vec<u16> = (0..3).map(|_| crate::support::free_port()).collect();
-    let peers = ports
+    let urls: Vec<String> = ports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
+        .collect();
+    let peers = urls.join(",");
     // The tier's own cache stays aside; three replicas serve.
     let mut replicas: Vec<Option<Server>> = ports
         .iter()
@@ -417,7 +613,7 @@ fn replicas_share_the_work_and_a_dead_peer_is_skipped() {
         .map(|(i, port)| {
             let data = tier.home.path().join(format!("replica-{i}"));
             let addr = format!("127.0.0.1:{port}");
-            Some(start_cache(
+            Some(start_replica(
                 &data,
                 &tier.proxy.addr,
                 &["--addr", &addr, "--peers", &peers],
@@ -460,28 +656,49 @@ fn replicas_share_the_work_and_a_dead_peer_is_skipped() {
         "replicas got most chunks from their owners: {from_peers} bytes from peers"
     );
 
-    // A new version; one replica dies; the others still serve all of it.
+    // A new version; the replica that owns the most of its chunks dies before anyone reads them;
+    // another still serves all of it.
     let v2 = tier.home.path().join("v2");
     std::fs::create_dir_all(&v2).unwrap();
     std::fs::write(v2.join("c.bin"), pseudo_random(6 << 20, 7)).unwrap();
-    push_json(
+    let pushed = push_json(
         tier.home.path(),
         &v2,
         &format!("{}/weights/m", tier.origin().addr),
         &["--tag", "v2"],
     );
-    replicas[2].take().unwrap().kill_hard();
-    let addr = replicas[0].as_ref().unwrap().addr.clone();
+    let (_, v2_digest) = pushed["reference"]
+        .as_str()
+        .unwrap()
+        .split_once('@')
+        .unwrap();
+    let chunks = version_chunks(&tier.origin().url(), None, "weights/m", v2_digest);
+    let (victim, owned) = busiest_owner(&urls, &chunks);
+    assert!(owned > 0, "some replica owns a chunk of {chunks:?}");
+    replicas[victim].take().unwrap().kill_hard();
+    let through = replicas[(victim + 1) % 3].as_ref().unwrap();
     let out = tier.home.path().join("after-death");
     vial_ok(
         tier.home.path(),
         &[
             "pull",
-            &format!("{addr}/weights/m:v2"),
+            &format!("{}/weights/m:v2", through.addr),
             out.to_str().unwrap(),
         ],
     );
     assert_same_tree(&v2, &out);
+    // The death mattered: the replica read through asked the dead owner for its chunks first,
+    // and went on without it.
+    let log = replica_log(through);
+    assert!(
+        skipped_peer(&log, &urls[victim]),
+        "{} never asked the dead {} for the chunks it owned ({owned} of them):\n{log}",
+        through.addr,
+        urls[victim]
+    );
+    for replica in replicas.iter().flatten() {
+        crate::support::assert_matrix_stores_unused(replica);
+    }
 }
 
 #[test]
@@ -639,12 +856,9 @@ fn the_cache_signs_in_upstream_and_keeps_each_repository_to_its_readers() {
         ),
     )
     .unwrap();
-    let cache = Server::start_with(
+    let cache = Server::start_on_with_env(
         &work.path().join("cache"),
-        &[
-            "--config".to_owned(),
-            cache_config.to_str().unwrap().to_owned(),
-        ],
+        &["--config", cache_config.to_str().unwrap()],
         &[("TEST_UPSTREAM_PASSWORD", "cache-pw".to_owned())],
     );
 
@@ -676,11 +890,15 @@ fn the_cache_signs_in_upstream_and_keeps_each_repository_to_its_readers() {
             .unwrap()
             .to_owned()
     };
-    let chunks = cached_chunks(
-        &cache,
-        &token("carol", "carol-pw", "repository:b/secret:pull"),
+    let chunks: Vec<String> = version_chunks(
+        &cache.url(),
+        Some(&token("carol", "carol-pw", "repository:b/secret:pull")),
+        "b/secret",
         digest,
-    );
+    )
+    .into_iter()
+    .map(|(digest, _)| digest)
+    .collect();
     assert!(!chunks.is_empty());
     let bob = token("bob", "bob-pw", "repository:a/model:pull");
     for chunk in &chunks {
@@ -719,36 +937,7 @@ fn the_cache_signs_in_upstream_and_keeps_each_repository_to_its_readers() {
         ],
     );
     assert_same_tree(&pushed[0].0, &out);
-}
-
-/// The chunk digests of a volume version, read through `cache` with `token`.
-fn cached_chunks(cache: &Server, token: &str, version: &str) -> Vec<String> {
-    let client = reqwest::blocking::Client::new();
-    let get = |path: String| -> serde_json::Value {
-        client
-            .get(format!("{}{path}", cache.url()))
-            .bearer_auth(token)
-            .header("accept", vial_core::media::OCI_INDEX)
-            .header("accept", vial_core::media::OCI_MANIFEST)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    };
-    let index = get(format!("/v2/b/secret/manifests/{version}"));
-    let mut chunks = Vec::new();
-    for m in index["manifests"].as_array().unwrap() {
-        if m["artifactType"] == "application/vnd.vial.chunks.v1" {
-            let part = get(format!(
-                "/v2/b/secret/manifests/{}",
-                m["digest"].as_str().unwrap()
-            ));
-            for layer in part["layers"].as_array().unwrap() {
-                chunks.push(layer["digest"].as_str().unwrap().to_owned());
-            }
-        }
-    }
-    chunks
+    crate::support::assert_matrix_stores_unused(&cache);
 }
 
 #[test]
@@ -811,7 +1000,9 @@ fn containerd_pulls_an_ordinary_image_through_the_cache_as_a_mirror() {
 
 /// Three replicas; `nodes` cold nodes, each with its own node cache, mount `version` of the
 /// origin through a mirror (node n through replica n mod 3) and read every file. `kill` stops a
-/// replica with SIGKILL once the nodes are reading.
+/// replica with SIGKILL once half the nodes have mounted, and the nodes read nothing before it
+/// is dead: every chunk it owns that its peers lack is asked for after its death, and every node
+/// that mounted through it reads through it after its death.
 fn herd(
     tier: &Tier,
     replicas: &mut [Option<Server>],
@@ -820,20 +1011,19 @@ fn herd(
     nodes: usize,
     kill: Option<usize>,
 ) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let origin = tier.origin().addr.clone();
     let mirrors: Vec<String> = replicas
         .iter()
         .map(|r| format!("{origin}=http://{}", r.as_ref().unwrap().addr))
         .collect();
-    let reading = std::sync::atomic::AtomicUsize::new(0);
+    let mounted = AtomicUsize::new(0);
+    let killed = AtomicBool::new(kill.is_none());
     std::thread::scope(|s| {
         for n in 0..nodes {
-            let (mirror, reading) = (mirrors[n % mirrors.len()].clone(), &reading);
+            let (mirror, mounted, killed) = (mirrors[n % mirrors.len()].clone(), &mounted, &killed);
             let origin = origin.clone();
-            let home = tier
-                .home
-                .path()
-                .join(format!("{version}-node-{n}").replace([':', '@'], "-"));
+            let home = herd_node_home(tier, version, n);
             s.spawn(move || {
                 std::fs::create_dir_all(&home).unwrap();
                 // A node cache smaller than the volume keeps the herd's disk use bounded.
@@ -843,17 +1033,28 @@ fn herd(
                     "mnt",
                     &["--mirror", &mirror, "--cache-size", "64MiB"],
                 );
-                reading.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                mounted.fetch_add(1, Ordering::SeqCst);
+                while !killed.load(Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
                 assert_same_tree(expected, &m.path);
             });
         }
         if let Some(victim) = kill {
-            while reading.load(std::sync::atomic::Ordering::SeqCst) < nodes / 2 {
+            while mounted.load(Ordering::SeqCst) < nodes / 2 {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
             replicas[victim].take().unwrap().kill_hard();
+            killed.store(true, Ordering::SeqCst);
         }
     });
+}
+
+/// The home directory of node `n` of the herd that reads `version`.
+fn herd_node_home(tier: &Tier, version: &str, n: usize) -> PathBuf {
+    tier.home
+        .path()
+        .join(format!("{version}-node-{n}").replace([':', '@'], "-"))
 }
 
 /// The lines of every node's mount log under `root` that speak of its mirror (a node reads from
@@ -914,17 +1115,17 @@ fn a_herd_of_cold_nodes_mounts_through_three_replicas_and_survives_one_dying() {
         .1
         .to_owned();
     let ports: Vec<u16> = (0..3).map(|_| crate::support::free_port()).collect();
-    let peers = ports
+    let urls: Vec<String> = ports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect::<Vec<_>>()
-        .join(",");
+        .collect();
+    let peers = urls.join(",");
     let mut replicas: Vec<Option<Server>> = ports
         .iter()
         .enumerate()
         .map(|(i, port)| {
             let addr = format!("127.0.0.1:{port}");
-            Some(start_cache(
+            Some(start_replica(
                 &tier.home.path().join(format!("herd-replica-{i}")),
                 &tier.proxy.addr,
                 &["--addr", &addr, "--peers", &peers],
@@ -942,7 +1143,7 @@ fn a_herd_of_cold_nodes_mounts_through_three_replicas_and_survives_one_dying() {
         mirror_complaints(tier.home.path())
     );
 
-    // A new version, read by 12 more cold nodes; a replica dies while they read.
+    // A new version, read by 12 more cold nodes; a replica dies once half of them have mounted.
     std::fs::write(
         volume.join("model-0.safetensors"),
         pseudo_random(16 << 20, 200),
@@ -960,5 +1161,37 @@ fn a_herd_of_cold_nodes_mounts_through_three_replicas_and_survives_one_dying() {
         .unwrap()
         .1
         .to_owned();
-    herd(&tier, &mut replicas, &v2, &volume, 12, Some(1));
+    // The victim is the replica that owns the most of the new chunks, which no replica holds
+    // yet: its peers must ask it for them after its death.
+    let chunks = |pinned: &str| {
+        let (repo, digest) = pinned.split_once('@').unwrap();
+        version_chunks(&tier.origin().url(), None, repo, digest)
+    };
+    let old = chunks(&pinned);
+    let new: Vec<(String, u64)> = chunks(&v2)
+        .into_iter()
+        .filter(|c| !old.contains(c))
+        .collect();
+    let (victim, owned) = busiest_owner(&urls, &new);
+    assert!(owned > 0, "some replica owns a new chunk of {new:?}");
+    let victim_addr = replicas[victim].as_ref().unwrap().addr.clone();
+    herd(&tier, &mut replicas, &v2, &volume, 12, Some(victim));
+    // The death mattered to the nodes: each that mounted through the victim read after it died
+    // and passed it over for the origin.
+    for n in (0..12).filter(|n| n % 3 == victim) {
+        let said = mirror_complaints(&herd_node_home(&tier, &v2, n));
+        assert!(
+            said.lines()
+                .any(|l| l.contains("the mirror did not answer") && l.contains(&victim_addr)),
+            "node {n} read through the dead {victim_addr} without passing it over:\n{said}"
+        );
+    }
+    // And to the replicas: one asked the dead owner for its new chunks and went on without it.
+    let logs: Vec<String> = replicas.iter().flatten().map(replica_log).collect();
+    assert!(
+        logs.iter().any(|log| skipped_peer(log, &urls[victim])),
+        "no replica asked the dead {} for the new chunks it owned ({owned} of them):\n{}",
+        urls[victim],
+        logs.join("\n")
+    );
 }

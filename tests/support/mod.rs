@@ -98,6 +98,19 @@ impl Server {
         Server::start_with(data, &args, &matrix_env())
     }
 
+    /// Starts a registry like [`Server::start_on`], with extra environment.
+    pub fn start_on_with_env(
+        data: &Path,
+        extra: &[&str],
+        env: &[(&'static str, String)],
+    ) -> Server {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(matrix_args(data, extra));
+        let mut env = env.to_vec();
+        env.extend(matrix_env());
+        Server::spawn(data, &args, &env, None)
+    }
+
     /// Starts a registry with exactly these arguments and extra environment.
     pub fn start_with(data: &Path, args: &[String], env: &[(&'static str, String)]) -> Server {
         Server::spawn(data, args, env, None)
@@ -279,6 +292,89 @@ pub fn matrix_bucket(data: &Path) -> Option<(s3::Bucket, String)> {
     let endpoint = std::env::var("VIAL_TEST_S3_ENDPOINT")
         .expect("VIAL_TEST_BACKEND uses s3 but VIAL_TEST_S3_ENDPOINT is not set");
     Some((s3::Bucket::new(&endpoint, bucket), format!("{prefix}/")))
+}
+
+/// The PostgreSQL database the backend matrix gave a server started on `data`, when
+/// `VIAL_TEST_BACKEND` uses PostgreSQL. `None` on SQLite.
+pub fn matrix_database(data: &Path) -> Option<String> {
+    if !backend().0 {
+        return None;
+    }
+    let saved = std::fs::read_to_string(data.with_extension("backend"))
+        .expect("a server was started on this data directory under the PostgreSQL backend");
+    let mut lines = saved.lines();
+    lines.find(|l| *l == "--metadata-url");
+    Some(
+        lines
+            .next()
+            .expect("--metadata-url is remembered with its value")
+            .to_owned(),
+    )
+}
+
+/// Asserts that `server` runs on the stores `VIAL_TEST_BACKEND` picks and keeps nothing in them:
+/// what a cache tier must do, whose content lives in its cache directory (docs/cache.md). The
+/// blob store is looked at on every backend (the files under `DATA/blobs` and `DATA/packs`, or
+/// the server's S3 prefix); the metadata store on PostgreSQL only, where `psql` can count its
+/// rows (the suite has no SQLite client).
+pub fn assert_matrix_stores_unused(server: &Server) {
+    let (postgres, s3) = backend();
+    let metrics = reqwest::blocking::get(format!("{}/metrics", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    let stores = format!(
+        "vial_backend_info{{metadata=\"{}\",blobs=\"{}\",",
+        if postgres { "postgres" } else { "sqlite" },
+        if s3 { "s3" } else { "filesystem" }
+    );
+    assert!(
+        metrics.lines().any(|l| l.starts_with(&stores)),
+        "{} does not run on the stores of the backend matrix ({stores}…):\n{metrics}",
+        server.addr
+    );
+    match matrix_bucket(&server.data) {
+        Some((bucket, prefix)) => {
+            let keys = bucket.keys(&prefix);
+            assert!(
+                keys.is_empty(),
+                "{} wrote to its S3 prefix: {keys:?}",
+                server.addr
+            );
+        }
+        None => {
+            assert!(
+                server.data.join("blobs").is_dir(),
+                "{} has no blob store under {}",
+                server.addr,
+                server.data.display()
+            );
+            let mut files = Vec::new();
+            let mut stack = vec![server.data.join("blobs"), server.data.join("packs")];
+            while let Some(dir) = stack.pop() {
+                for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(entry.path());
+                    } else {
+                        files.push(entry.path());
+                    }
+                }
+            }
+            assert!(
+                files.is_empty(),
+                "{} wrote to its blob store: {files:?}",
+                server.addr
+            );
+        }
+    }
+    if let Some(url) = matrix_database(&server.data) {
+        let rows = postgres::psql_value(
+            &url,
+            "SELECT (SELECT count(*) FROM repositories) + (SELECT count(*) FROM blobs) \
+             + (SELECT count(*) FROM manifests) + (SELECT count(*) FROM tags)",
+        );
+        assert_eq!(rows, "0", "{} wrote rows to its database", server.addr);
+    }
 }
 
 /// The AWS environment for the shared S3 server of the backend matrix.

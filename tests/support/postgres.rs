@@ -161,3 +161,17 @@ pub fn psql(url: &str, sql: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The single value a query on the database at `url` returns, as text.
+pub fn psql_value(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args(["-d", url, "-v", "ON_ERROR_STOP=1", "-tA", "-c", sql])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{sql} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
