@@ -189,20 +189,27 @@ fn dir_name(digest: &str) -> String {
     digest.replacen(':', "-", 1)
 }
 
-fn metric(server: &Server, name: &str) -> u64 {
+/// A metric of `server`, `None` while `/metrics` does not show it.
+fn metric_shown(server: &Server, name: &str) -> Option<u64> {
     let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
         .unwrap()
         .text()
         .unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0)
 }
 
-/// Waits until `n` requests wait on tags at the registry (its own gauge says so).
+/// A metric of `server`, which must be shown: one that is missing (renamed, say) fails the test
+/// instead of reading as 0.
+fn metric(server: &Server, name: &str) -> u64 {
+    metric_shown(server, name).unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+/// Waits until `n` requests wait on tags at the registry (its own gauge says so; the gauge
+/// appears with the first watch).
 fn wait_for_waiters(server: &Server, n: u64) {
     let deadline = Instant::now() + HANG;
-    while metric(server, "vial_tag_watch_waiting") < n {
+    while metric_shown(server, "vial_tag_watch_waiting").unwrap_or(0) < n {
         assert!(Instant::now() < deadline, "the waiters never arrived");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -627,9 +634,14 @@ fn a_following_mount_drops_old_versions_once_closed_and_past_the_grace_time() {
     }
     let server = Server::start();
     let home = tempfile::tempdir().unwrap();
-    let (v1, v2) = (home.path().join("v1"), home.path().join("v2"));
+    let (v1, v2, v3) = (
+        home.path().join("v1"),
+        home.path().join("v2"),
+        home.path().join("v3"),
+    );
     write_checkpoint(&v1, 0, &[]);
     write_checkpoint(&v2, 1, FIVE_PERCENT);
+    write_checkpoint(&v3, 2, FIVE_PERCENT);
     let reference = format!("{}/weights/dropped:prod", server.addr);
     let d1 = digest_of(&push(home.path(), &v1, &reference));
     let m = Follower::mount(
@@ -642,8 +654,21 @@ fn a_following_mount_drops_old_versions_once_closed_and_past_the_grace_time() {
     let d2 = digest_of(&push(home.path(), &v2, &reference));
     assert_eq!(m.next_switch()["digest"], d2.as_str());
     let old = m.path.join(dir_name(&d1));
-    // Open, it stays past the grace time.
-    std::thread::sleep(Duration::from_secs(4));
+    // Open, it stays past the grace time. What shows that the mount looked at it past its grace
+    // time: v2, retired after it and with nothing open, is dropped. The pass that drops v2 finds
+    // v1 past its grace time too, so only the open file can have kept it.
+    let d3 = digest_of(&push(home.path(), &v3, &reference));
+    assert_eq!(m.next_switch()["digest"], d3.as_str());
+    let middle = m.path.join(dir_name(&d2));
+    assert!(middle.is_dir(), "a version just retired is still shown");
+    let deadline = Instant::now() + HANG;
+    while middle.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "a closed version past its grace time was never dropped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(old.is_dir(), "a version with a file open was dropped");
     drop(open);
     let deadline = Instant::now() + HANG;
@@ -654,7 +679,7 @@ fn a_following_mount_drops_old_versions_once_closed_and_past_the_grace_time() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_same_tree(&m.current(), &v2);
+    assert_same_tree(&m.current(), &v3);
 }
 
 #[test]
@@ -681,11 +706,8 @@ fn a_follower_of_a_registry_without_the_tag_watch_polls_and_still_switches() {
 fn a_follower_reading_through_the_cache_tier_hears_moves_at_the_origin() {
     let origin = Server::start();
     let data = tempfile::tempdir().unwrap();
-    let cache = Server::start_with(
-        &data.path().join("cache"),
-        &["--upstream".to_owned(), origin.url()],
-        &[],
-    );
+    // The cache on the backend matrix's stores too, as its origin: it keeps nothing there.
+    let cache = Server::start_on(&data.path().join("cache"), &["--upstream", &origin.url()]);
     let home = tempfile::tempdir().unwrap();
     let (v1, v2) = (home.path().join("v1"), home.path().join("v2"));
     write_checkpoint(&v1, 0, &[]);
@@ -724,4 +746,5 @@ fn a_follower_reading_through_the_cache_tier_hears_moves_at_the_origin() {
                 && l.contains("status=\"200\"")),
         "the cache answered no tag watch:\n{text}"
     );
+    crate::support::assert_matrix_stores_unused(&cache);
 }
