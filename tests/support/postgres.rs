@@ -151,15 +151,7 @@ pub fn create_database(server: &str, name: &str) -> String {
 
 /// Runs one SQL statement on the database at `url`, asserting it succeeds.
 pub fn psql(url: &str, sql: &str) {
-    let out = Command::new("psql")
-        .args(["-d", url, "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{sql} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    psql_value(url, sql);
 }
 
 /// The single value a query on the database at `url` returns, as text.
