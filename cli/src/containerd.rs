@@ -67,6 +67,7 @@ struct PullArgs {
     /// Print only where the volume is mounted on the node (for `ctr run --mount`).
     #[arg(long)]
     print_mountpoint: bool,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]

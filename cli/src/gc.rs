@@ -25,6 +25,7 @@ pub struct GcArgs {
     /// Follow the pass with this job id (printed by --detach) instead of asking for a new one.
     #[arg(long, value_name = "ID")]
     job: Option<String>,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]

@@ -16,6 +16,7 @@ pub struct VersionsArgs {
     /// and until when.
     #[arg(long)]
     deleted: bool,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -26,6 +27,7 @@ pub struct VersionsArgs {
 pub struct LsArgs {
     /// A registry, or a namespace in it: host[:port][/namespace]
     location: String,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -36,6 +38,7 @@ pub struct LsArgs {
 pub struct InspectArgs {
     /// The version: host[:port]/name:tag or host[:port]/name@sha256:…
     reference: String,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -48,6 +51,7 @@ pub struct DiffArgs {
     from: String,
     /// The version it moves to.
     to: String,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -228,9 +232,9 @@ pub fn run_inspect(args: InspectArgs) -> anyhow::Result<()> {
         for r in rows(&v.tree) {
             match r.kind {
                 "file" => println!(
-                    "{:>10}  {:>6} chunks  {}",
+                    "{:>10}  {:>13}  {}",
                     human_bytes(r.size),
-                    r.chunks,
+                    count(r.chunks as u64, "chunk"),
                     r.path
                 ),
                 "dir" => println!("{:>10}  {:>13}  {}/", "-", "", r.path),

@@ -37,6 +37,7 @@ pub struct RestoreArgs {
     /// Point the tags it had when it was deleted at it again (those nobody has taken since).
     #[arg(long)]
     tags: bool,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]

@@ -68,6 +68,7 @@ struct StatusArgs {
     /// Wait for the job to finish; prints the pinned reference, or fails with the job's error.
     #[arg(long)]
     wait: bool,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -78,6 +79,7 @@ struct StatusArgs {
 struct LsArgs {
     /// The volume: HOST/NAME
     volume: String,
+    /// Print the result as JSON, for scripts, instead of text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
