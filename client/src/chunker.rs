@@ -49,10 +49,11 @@ const FILL: usize = 8 << 20;
 /// Files at least this large are read with O_DIRECT where the filesystem takes it.
 const DIRECT_MIN: u64 = 16 << 20;
 
-/// Opens `path` for chunking: with O_DIRECT if it is large and the filesystem takes the flag (the
-/// bytes then go from the disk into `vial push`'s own buffers, without filling the page cache with
-/// a checkpoint it will not read again), else an ordinary handle. Says which.
-pub fn open_for_reading(path: &Path, size: u64) -> Result<(File, bool), ClientError> {
+/// The handle to chunk `path` with, given the one it was planned with: a new one with O_DIRECT if
+/// the file is large and the filesystem takes the flag (the bytes then go from the disk into
+/// `vial push`'s own buffers, without filling the page cache with a checkpoint it will not read
+/// again), else the one given. Says which.
+pub fn reader_for(path: &Path, planned: File, size: u64) -> Result<(File, bool), ClientError> {
     use std::os::unix::fs::OpenOptionsExt;
     if size >= DIRECT_MIN {
         match std::fs::OpenOptions::new()
@@ -65,9 +66,7 @@ pub fn open_for_reading(path: &Path, size: u64) -> Result<(File, bool), ClientEr
             Err(e) => return Err(ClientError::io(path, e)),
         }
     }
-    File::open(path)
-        .map(|f| (f, false))
-        .map_err(|e| ClientError::io(path, e))
+    Ok((planned, false))
 }
 
 /// A fixed number of page-aligned read buffers, shared by the hashing threads. The chunks cut
@@ -356,7 +355,7 @@ mod tests {
         ];
         for direct in [false, true] {
             let (file, opened_direct) = if direct {
-                open_for_reading(&path, end).unwrap()
+                reader_for(&path, File::open(&path).unwrap(), end).unwrap()
             } else {
                 (File::open(&path).unwrap(), false)
             };
@@ -408,7 +407,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("weights.bin");
         std::fs::write(&path, noise(20 << 20, 3)).unwrap();
-        let (file, direct) = open_for_reading(&path, 20 << 20).unwrap();
+        let (file, direct) = reader_for(&path, File::open(&path).unwrap(), 20 << 20).unwrap();
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)

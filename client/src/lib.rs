@@ -9,6 +9,7 @@ pub mod auth;
 mod chunker;
 pub mod copy;
 mod error;
+pub mod fds;
 pub mod follow;
 pub mod progress;
 pub mod pull;

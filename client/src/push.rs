@@ -95,12 +95,6 @@ struct FileJob {
     cached: Option<Vec<ChunkRef>>,
 }
 
-struct SegmentJob {
-    file: usize,
-    seg: usize,
-    segment: Segment,
-}
-
 /// A chunk to check and perhaps upload, with where its bytes are.
 #[derive(Clone)]
 struct ChunkLoc {
@@ -376,6 +370,10 @@ pub async fn push(
 
 /// Plans and chunks every file that the local index could not vouch for, on `threads` threads.
 /// Files known from the index are announced whole, so their chunks are still checked.
+///
+/// A file is opened when a hasher takes it up and closed when its last segment is chunked: a
+/// hasher takes up a new file only when no segment of an open one is waiting, so at most about
+/// two files per thread are open, however many the directory holds.
 fn hash_all(
     files: &[FileJob],
     cutter: &Cutter,
@@ -385,74 +383,94 @@ fn hash_all(
     progress: &dyn Progress,
     stats: &Stats,
 ) -> Result<(), ClientError> {
-    let mut jobs: Vec<SegmentJob> = Vec::new();
-    // Each file to read: a handle for planning (small reads of the header) and one for chunking.
-    let mut open: Vec<Option<(File, File, bool)>> = Vec::with_capacity(files.len());
+    let mut to_read = Vec::new();
     for (i, f) in files.iter().enumerate() {
-        if let Some(cached) = &f.cached {
-            let mut offset = 0;
-            let chunks = cached
-                .iter()
-                .map(|c| {
-                    let fc = FileChunk {
-                        offset,
-                        len: c.size,
-                        digest: c.digest.clone(),
-                    };
-                    offset += c.size;
-                    (fc, None)
-                })
-                .collect();
-            progress.event(Event::Hashed(f.stamp.size));
-            tx.blocking_send((i, 0, chunks))
-                .map_err(|_| ClientError::Invalid("push was cancelled".into()))?;
-            open.push(None);
+        let Some(cached) = &f.cached else {
+            to_read.push(i);
             continue;
-        }
-        let file = File::open(&*f.abs).map_err(|e| ClientError::io(&*f.abs, e))?;
-        for (seg, segment) in chunker::plan_file(&f.abs, &file, f.stamp.size)?
-            .into_iter()
-            .enumerate()
-        {
-            jobs.push(SegmentJob {
-                file: i,
-                seg,
-                segment,
-            });
-        }
-        let (reader, direct) = chunker::open_for_reading(&f.abs, f.stamp.size)?;
-        open.push(Some((file, reader, direct)));
+        };
+        let mut offset = 0;
+        let chunks = cached
+            .iter()
+            .map(|c| {
+                let fc = FileChunk {
+                    offset,
+                    len: c.size,
+                    digest: c.digest.clone(),
+                };
+                offset += c.size;
+                (fc, None)
+            })
+            .collect();
+        progress.event(Event::Hashed(f.stamp.size));
+        tx.blocking_send((i, 0, chunks))
+            .map_err(|_| ClientError::Invalid("push was cancelled".into()))?;
     }
-    let next = AtomicUsize::new(0);
+    let work = std::sync::Mutex::new(Work {
+        next: 0,
+        waiting: std::collections::VecDeque::new(),
+    });
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let hasher = || -> Result<(), ClientError> {
+        while !failed.load(Ordering::Relaxed) {
+            let taken = {
+                let mut w = work.lock().unwrap_or_else(|p| p.into_inner());
+                match w.waiting.pop_front() {
+                    Some(job) => Ok(job),
+                    None if w.next < to_read.len() => {
+                        w.next += 1;
+                        Err(to_read[w.next - 1])
+                    }
+                    None => return Ok(()),
+                }
+            };
+            let (open, seg, segment) = match taken {
+                Ok(job) => job,
+                Err(file) => {
+                    let (open, mut segments) = open_file(file, &files[file])?;
+                    let Some((seg, segment)) = segments.next() else {
+                        open.finished(&files[file])?;
+                        continue;
+                    };
+                    work.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .waiting
+                        .extend(segments.map(|(seg, s)| (Arc::clone(&open), seg, s)));
+                    (open, seg, segment)
+                }
+            };
+            let f = &files[open.file];
+            chunker::chunk_segment_owned(
+                &f.abs,
+                &open.reader,
+                open.direct,
+                &segment,
+                cutter,
+                buffers,
+                &mut |cut| {
+                    let n: u64 = cut.iter().map(|(c, _)| c.len).sum();
+                    stats.bytes_read.fetch_add(n, Ordering::Relaxed);
+                    progress.event(Event::Hashed(n));
+                    let cut = cut.into_iter().map(|(c, b)| (c, Some(b))).collect();
+                    tx.blocking_send((open.file, seg, cut))
+                        .map_err(|_| ClientError::Invalid("push was cancelled".into()))
+                },
+            )?;
+            if open.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                open.finished(f)?;
+            }
+        }
+        Ok(())
+    };
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
-                scope.spawn(|| -> Result<(), ClientError> {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(job) = jobs.get(i) else {
-                            return Ok(());
-                        };
-                        let Some((_, reader, direct)) = &open[job.file] else {
-                            continue;
-                        };
-                        chunker::chunk_segment_owned(
-                            &files[job.file].abs,
-                            reader,
-                            *direct,
-                            &job.segment,
-                            cutter,
-                            buffers,
-                            &mut |cut| {
-                                let n: u64 = cut.iter().map(|(c, _)| c.len).sum();
-                                stats.bytes_read.fetch_add(n, Ordering::Relaxed);
-                                progress.event(Event::Hashed(n));
-                                let cut = cut.into_iter().map(|(c, b)| (c, Some(b))).collect();
-                                tx.blocking_send((job.file, job.seg, cut))
-                                    .map_err(|_| ClientError::Invalid("push was cancelled".into()))
-                            },
-                        )?;
+                scope.spawn(|| {
+                    let r = hasher();
+                    if r.is_err() {
+                        failed.store(true, Ordering::Relaxed);
                     }
+                    r
                 })
             })
             .collect();
@@ -466,23 +484,59 @@ fn hash_all(
             }
         }
         result
-    })?;
-    // A file whose size changed since the scan would produce a tree that lies about it.
-    for (f, file) in files.iter().zip(&open) {
-        if let Some((file, _, _)) = file {
-            let now = file
-                .metadata()
-                .map_err(|e| ClientError::io(&*f.abs, e))?
-                .len();
-            if now != f.stamp.size {
-                return Err(ClientError::Invalid(format!(
-                    "{} changed size while it was being pushed",
-                    f.abs.display()
-                )));
-            }
+    })
+}
+
+/// What the hashers share: the next file to take up, and segments of open files nobody has
+/// taken yet.
+struct Work {
+    next: usize,
+    waiting: std::collections::VecDeque<(Arc<OpenFile>, usize, Segment)>,
+}
+
+/// A file being chunked, open while any of its segments is.
+struct OpenFile {
+    file: usize,
+    reader: File,
+    direct: bool,
+    /// Segments not chunked yet.
+    left: AtomicUsize,
+}
+
+impl OpenFile {
+    /// Checks, once every segment is chunked, that the file still has the size the scan saw: a
+    /// file that changed size would make a tree that lies about it.
+    fn finished(&self, job: &FileJob) -> Result<(), ClientError> {
+        let now = self
+            .reader
+            .metadata()
+            .map_err(|e| ClientError::io(&*job.abs, e))?
+            .len();
+        if now != job.stamp.size {
+            return Err(ClientError::Invalid(format!(
+                "{} changed size while it was being pushed",
+                job.abs.display()
+            )));
         }
+        Ok(())
     }
-    Ok(())
+}
+
+/// Opens a file to chunk and plans its segments (a safetensors file's are its tensors).
+fn open_file(
+    file: usize,
+    job: &FileJob,
+) -> Result<(Arc<OpenFile>, impl Iterator<Item = (usize, Segment)>), ClientError> {
+    let handle = File::open(&*job.abs).map_err(|e| ClientError::io(&*job.abs, e))?;
+    let segments = chunker::plan_file(&job.abs, &handle, job.stamp.size)?;
+    let (reader, direct) = chunker::reader_for(&job.abs, handle, job.stamp.size)?;
+    let open = Arc::new(OpenFile {
+        file,
+        reader,
+        direct,
+        left: AtomicUsize::new(segments.len()),
+    });
+    Ok((open, segments.into_iter().enumerate()))
 }
 
 /// Of a batch of new chunks, those the repository does not hold yet.
