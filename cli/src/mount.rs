@@ -14,7 +14,7 @@ use crate::common::{count, human_bytes, parse_reference, RegistryArgs};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  vial mount localhost:5000/weights/my-model:prod /mnt/weights/my-model\n  vial mount localhost:5000/weights/my-model@sha256:… /mnt/m --cache-size 20GiB --prefetch all\n  vial mount --stats /mnt/m\n  vial mount --follow localhost:5000/weights/my-model:prod /mnt/m   # reads /mnt/m/current/…\n  vial umount /mnt/m\n\nA tag is resolved once, at mount: the mount serves that version until it is unmounted.\nWith --follow the mount tracks the tag instead: MNT/current -> sha256-<hex>/ moves with it,\nfetching only the chunks the node cache lacks; a loader that resolves current once reads one\nversion to the end, and each switch prints a line (digest, bytes fetched, seconds).\nFrom /etc/fstab (with mount.vial linked to vial in /sbin):\n  localhost:5000/weights/m:prod  /mnt/m  vial  cache-size=20GiB,prefetch=all  0 0"
+    after_help = "Examples:\n  vial mount localhost:5000/weights/my-model:prod /mnt/weights/my-model\n  vial mount localhost:5000/weights/my-model@sha256:… /mnt/m --cache-size 20GiB --prefetch all\n  vial mount localhost:5000/indexes/wiki:prod /mnt/wiki --prefetch 'shards/*.idx' --prefetch tokenizer\n  vial mount --stats /mnt/m\n  vial mount --follow localhost:5000/weights/my-model:prod /mnt/m   # reads /mnt/m/current/…\n  vial umount /mnt/m\n\nA tag is resolved once, at mount: the mount serves that version until it is unmounted.\nWith --follow the mount tracks the tag instead: MNT/current -> sha256-<hex>/ moves with it,\nfetching only the chunks the node cache lacks; a loader that resolves current once reads one\nversion to the end, and each switch prints a line (digest, bytes fetched, seconds).\nFrom /etc/fstab (with mount.vial linked to vial in /sbin):\n  localhost:5000/weights/m:prod  /mnt/m  vial  cache-size=20GiB,prefetch=all  0 0"
 )]
 pub struct MountArgs {
     /// Version to mount: host[:port]/name:tag or host[:port]/name@sha256:…
@@ -29,9 +29,12 @@ pub struct MountArgs {
     /// Bound on the chunk cache, e.g. 500MiB, 20GiB.
     #[arg(long, env = "VIAL_CACHE_SIZE", default_value = "10GiB", value_parser = parse_size)]
     cache_size: u64,
-    /// `all` streams the whole volume into the cache in the background; `none` only reads ahead.
-    #[arg(long, default_value = "none", value_parser = ["none", "all"])]
-    prefetch: String,
+    /// What to stream into the cache in the background, in bulk: `all` (the whole volume), or a
+    /// path, a directory or a glob (`*`, `?`, `**`), e.g. `tokenizer` or `index/**/*.bin`; give
+    /// it again for more. `none` (the default) fetches only what is read, reading ahead of
+    /// sequential readers and of programs that walk the tree's files in order.
+    #[arg(long, default_value = "none", value_name = "all|none|PATTERN")]
+    prefetch: Vec<String>,
     /// Downloads in flight at once for reads and read-ahead (each a bulk read of up to 8 MiB of
     /// chunks). Raise it for a registry far away; on a near one, more in flight only delays the
     /// chunks readers are waiting for.
@@ -241,11 +244,7 @@ fn mount_options(args: &MountArgs, cache_dir: PathBuf) -> MountOptions {
     MountOptions {
         cache_dir,
         cache_size: args.cache_size,
-        prefetch: if args.prefetch == "all" {
-            Prefetch::All
-        } else {
-            Prefetch::None
-        },
+        prefetch: Prefetch::from_args(&args.prefetch),
         timeout: args.timeout,
         parallel: args.downloads as usize,
     }
@@ -413,8 +412,7 @@ fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> an
         .arg(cache_dir)
         .arg("--cache-size")
         .arg(args.cache_size.to_string())
-        .arg("--prefetch")
-        .arg(&args.prefetch)
+        .args(args.prefetch.iter().flat_map(|p| ["--prefetch", p.as_str()]))
         .arg("--downloads")
         .arg(args.downloads.to_string())
         .arg("--timeout")

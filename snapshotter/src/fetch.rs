@@ -42,8 +42,14 @@ pub enum FetchError {
 
 /// Chunk buffers kept for reuse at most (a few tens of MiB).
 const POOLED: usize = 16;
-/// Memory for verified chunks waiting for their cache write.
-const PENDING_MIB: usize = 256;
+/// Memory for verified chunks waiting for their cache write, in KiB (the unit of its budget: a
+/// thousand 2 KiB chunks of small files take 2 MiB of it, not a thousand MiB).
+const PENDING_KIB: usize = 256 << 10;
+/// Cache writes in flight at once (see [`Fetcher::writers`]).
+const WRITERS: usize = 4;
+/// Chunks smaller than this are hashed where they arrive, not on a blocking thread: handing a
+/// 2 KiB chunk to another thread costs more than hashing it.
+const HASH_INLINE: usize = 64 << 10;
 /// Memory for the most recently written verified chunks. Cache writes bypass the page cache, so
 /// this is where a reader that read-ahead got ahead of finds its chunks.
 const RECENT_BYTES: u64 = 128 << 20;
@@ -88,9 +94,13 @@ pub struct Fetcher {
     /// Verified chunks on their way into the cache, served from memory meanwhile (a read never
     /// waits for a disk write), and the most recently written ones.
     memory: Arc<Mutex<InMemory>>,
-    /// Bounds the memory held by chunks on their way into the cache, in MiB; when the disk falls
+    /// Bounds the memory held by chunks on their way into the cache, in KiB; when the disk falls
     /// behind, downloads wait.
     pending_budget: Arc<Semaphore>,
+    /// Cache writes at once. A write is a file created in the cache's `tmp` directory and renamed
+    /// into place: a thread per chunk of a thousand small ones spent most of a cold read's CPU
+    /// spinning on those two directories' locks.
+    writers: Arc<Semaphore>,
     /// Downloads for reads an application is waiting on.
     demand: Semaphore,
     /// Downloads nobody waits on yet (read-ahead, whole-volume prefetch): a separate pool, so they
@@ -131,7 +141,8 @@ impl Fetcher {
             stats,
             inflight: Mutex::new(HashMap::new()),
             memory: Arc::new(Mutex::new(InMemory::default())),
-            pending_budget: Arc::new(Semaphore::new(PENDING_MIB)),
+            pending_budget: Arc::new(Semaphore::new(PENDING_KIB)),
+            writers: Arc::new(Semaphore::new(WRITERS)),
             demand: Semaphore::new(parallel.max(1)),
             background: Semaphore::new((parallel / 2).max(1)),
             timeout,
@@ -274,7 +285,7 @@ impl Fetcher {
     }
 
     /// Checks a downloaded chunk against its size and digest, then makes it readable from memory
-    /// at once and starts its cache write (write-behind, bounded by [`PENDING_MIB`]).
+    /// at once and starts its cache write (write-behind, bounded by [`PENDING_KIB`]).
     async fn accept(&self, digest: Digest, size: u64, bytes: Bytes) -> Result<(), FetchError> {
         if bytes.len() as u64 != size {
             return Err(FetchError::Size {
@@ -285,18 +296,23 @@ impl Fetcher {
         }
         let len = bytes.len() as u64;
         let d = digest.clone();
-        let bytes = tokio::task::spawn_blocking(move || {
+        let check = move || {
             let actual = d.algorithm().digest_bytes(&bytes);
             if actual != d {
                 return Err(FetchError::Mismatch { digest: d, actual });
             }
             Ok(bytes)
-        })
-        .await
-        .map_err(|e| FetchError::Task(e.to_string()))??;
-        let mib = (len.div_ceil(1 << 20) as u32).clamp(1, PENDING_MIB as u32);
+        };
+        let bytes = if len < HASH_INLINE as u64 {
+            check()?
+        } else {
+            tokio::task::spawn_blocking(check)
+                .await
+                .map_err(|e| FetchError::Task(e.to_string()))??
+        };
+        let kib = (len.div_ceil(1 << 10) as u32).clamp(1, PENDING_KIB as u32);
         let budget = Arc::clone(&self.pending_budget)
-            .acquire_many_owned(mib)
+            .acquire_many_owned(kib)
             .await
             .map_err(|e| FetchError::Task(e.to_string()))?;
         self.memory
@@ -305,18 +321,27 @@ impl Fetcher {
             .chunks
             .insert(digest.clone(), bytes.clone());
         let (cache, memory) = (Arc::clone(&self.cache), Arc::clone(&self.memory));
-        tokio::task::spawn_blocking(move || {
-            let stored = cache.insert(&digest, &bytes);
-            let mut held = memory.lock().unwrap_or_else(|p| p.into_inner());
-            match stored {
-                Ok(()) => held.written(&digest),
-                Err(e) => {
-                    tracing::warn!(digest = %digest, error = %vial_core::error_chain(&e), "cannot store chunk in the cache; it will be fetched again");
-                    held.chunks.remove(&digest);
+        // Write-behind: the chunk is readable from memory now; its cache write waits its turn
+        // without holding up the readers waiting for it.
+        let writers = Arc::clone(&self.writers);
+        tokio::spawn(async move {
+            let Ok(_writer) = writers.acquire_owned().await else {
+                return;
+            };
+            let stored = tokio::task::spawn_blocking(move || {
+                let stored = cache.insert(&digest, &bytes);
+                let mut held = memory.lock().unwrap_or_else(|p| p.into_inner());
+                match stored {
+                    Ok(()) => held.written(&digest),
+                    Err(e) => {
+                        tracing::warn!(digest = %digest, error = %vial_core::error_chain(&e), "cannot store chunk in the cache; it will be fetched again");
+                        held.chunks.remove(&digest);
+                    }
                 }
-            }
-            drop(held);
-            drop(budget);
+                drop(held);
+                drop(budget);
+            });
+            let _ = stored.await;
         });
         self.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes_fetched.fetch_add(len, Ordering::Relaxed);

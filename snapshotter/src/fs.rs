@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig,
     LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
     WriteFlags,
 };
 use vial_core::volume::ChunkRef;
@@ -55,6 +55,8 @@ pub struct Shared {
     pub time: SystemTime,
     /// Per file, the reader's sequential run and how far readahead has been started.
     pub readahead: Mutex<HashMap<u64, ReadAhead>>,
+    /// How far a program walking the tree's files in order has got (see [`crate::walk`]).
+    pub walk: Mutex<crate::walk::Walk>,
     /// Per file, its tensors once its safetensors header has been read through the mount.
     pub tensors: Mutex<HashMap<u64, TensorSpans>>,
     /// The statistics file as each open of it saw them, by file handle: a reader that reads it in
@@ -436,6 +438,61 @@ impl VialFs {
         }
     }
 
+    /// A node's attributes as the kernel sees them, and how long it may keep them.
+    fn attr_of(&self, ino: u64) -> Option<(FileAttr, Duration)> {
+        match self.resolve(ino) {
+            Some(Node::In {
+                shared,
+                local,
+                base,
+                ..
+            }) => Self::version_attr(&shared, local, base),
+            Some(Node::FollowRoot | Node::Current) => {
+                self.follow_attr(ino).map(|a| (a, Duration::ZERO))
+            }
+            None => None,
+        }
+    }
+
+    /// A directory's entries, "." and ".." first: (inode, type, name).
+    fn dir_entries(&self, ino: u64) -> Result<Vec<(u64, FileType, String)>, Errno> {
+        let mut entries: Vec<(u64, FileType, String)> = vec![
+            (ino, FileType::Directory, ".".into()),
+            (ino, FileType::Directory, "..".into()),
+        ];
+        match self.resolve(ino) {
+            Some(Node::In {
+                shared,
+                local,
+                base,
+                ..
+            }) => {
+                let Some(NodeKind::Dir { children, .. }) =
+                    shared.inodes.get(local).map(|n| &n.kind)
+                else {
+                    return Err(Errno::ENOTDIR);
+                };
+                for (name, child) in children {
+                    let kind = match shared.inodes.get(*child).map(|n| &n.kind) {
+                        Some(NodeKind::Dir { .. }) => FileType::Directory,
+                        Some(NodeKind::Symlink { .. }) => FileType::Symlink,
+                        _ => FileType::RegularFile,
+                    };
+                    entries.push((base | child, kind, name.clone()));
+                }
+            }
+            Some(Node::FollowRoot) => {
+                entries.push((follow::CURRENT, FileType::Symlink, "current".into()));
+                for (slot, base) in self.following().map(|f| f.versions()).unwrap_or_default() {
+                    entries.push((base | ROOT, FileType::Directory, slot.name.clone()));
+                }
+            }
+            Some(Node::Current) => return Err(Errno::ENOTDIR),
+            None => return Err(Errno::ENOENT),
+        }
+        Ok(entries)
+    }
+
     /// Attributes of a following mount's root or `current`: both change as the tag moves, so the
     /// kernel keeps them for no time at all.
     fn follow_attr(&self, ino: u64) -> Option<FileAttr> {
@@ -473,6 +530,8 @@ impl Filesystem for VialFs {
         // Large requests: the kernel's default of 128 KiB costs a round trip per 128 KiB.
         let _ = config.set_max_readahead(MAX_IO);
         let _ = config.set_max_write(MAX_IO);
+        // Listings come with attributes (see `readdirplus`); kernels without it list plainly.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS);
         Ok(())
     }
 
@@ -516,19 +575,7 @@ impl Filesystem for VialFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let found = match self.resolve(ino.0) {
-            Some(Node::In {
-                shared,
-                local,
-                base,
-                ..
-            }) => Self::version_attr(&shared, local, base),
-            Some(Node::FollowRoot | Node::Current) => {
-                self.follow_attr(ino.0).map(|a| (a, Duration::ZERO))
-            }
-            None => None,
-        };
-        match found {
+        match self.attr_of(ino.0) {
             Some((attr, ttl)) => reply.attr(&ttl, &attr),
             None => reply.error(Errno::ENOENT),
         }
@@ -571,12 +618,18 @@ impl Filesystem for VialFs {
                 if let Some(slot) = slot {
                     slot.opens.fetch_add(1, Ordering::SeqCst);
                 }
-                reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE)
+                reply.opened(
+                    FileHandle(0),
+                    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                )
             }
             // Statistics change: bypass the page cache, and read the document as of this open.
             Some(NodeKind::Stats) => {
                 let fh = shared.stats_opens.open(shared.stats_json());
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO)
+                reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
+                )
             }
             Some(NodeKind::Dir { .. }) => reply.error(Errno::EISDIR),
             Some(NodeKind::Symlink { .. }) => reply.error(Errno::EINVAL),
@@ -645,6 +698,9 @@ impl Filesystem for VialFs {
             .bytes_read
             .fetch_add(end.saturating_sub(offset), Ordering::Relaxed);
         shared.read_ahead(ino, file, offset, end);
+        if offset == 0 {
+            shared.walk_ahead(file.position);
+        }
         if shared.all_available(&pieces) {
             match shared.assemble(&pieces) {
                 Ok(buf) => return reply.data(&buf),
@@ -661,7 +717,8 @@ impl Filesystem for VialFs {
         });
     }
 
-    // Nothing is ever written, so closing a file has nothing to flush.
+    // Nothing is ever written, so closing a file has nothing to flush (opens ask the kernel not
+    // to send flushes at all: a round trip saved on every close).
     fn flush(
         &self,
         _req: &Request,
@@ -681,42 +738,48 @@ impl Filesystem for VialFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let mut entries: Vec<(u64, FileType, String)> = vec![
-            (ino.0, FileType::Directory, ".".into()),
-            (ino.0, FileType::Directory, "..".into()),
-        ];
-        match self.resolve(ino.0) {
-            Some(Node::In {
-                shared,
-                local,
-                base,
-                ..
-            }) => {
-                let Some(NodeKind::Dir { children, .. }) =
-                    shared.inodes.get(local).map(|n| &n.kind)
-                else {
-                    return reply.error(Errno::ENOTDIR);
-                };
-                for (name, child) in children {
-                    let kind = match shared.inodes.get(*child).map(|n| &n.kind) {
-                        Some(NodeKind::Dir { .. }) => FileType::Directory,
-                        Some(NodeKind::Symlink { .. }) => FileType::Symlink,
-                        _ => FileType::RegularFile,
-                    };
-                    entries.push((base | child, kind, name.clone()));
-                }
-            }
-            Some(Node::FollowRoot) => {
-                entries.push((follow::CURRENT, FileType::Symlink, "current".into()));
-                for (slot, base) in self.following().map(|f| f.versions()).unwrap_or_default() {
-                    entries.push((base | ROOT, FileType::Directory, slot.name.clone()));
-                }
-            }
-            Some(Node::Current) => return reply.error(Errno::ENOTDIR),
-            None => return reply.error(Errno::ENOENT),
-        }
+        let entries = match self.dir_entries(ino.0) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(e),
+        };
         for (i, (child, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(child), (i + 1) as u64, kind, &name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// A directory's entries with their attributes, so that a program walking the tree (`ls -l`,
+    /// `find`, `os.walk`, then opening files) needs no lookup per entry: one request per
+    /// directory listed instead of one per file.
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.dir_entries(ino.0) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(e),
+        };
+        for (i, (child, _, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            // "." and ".." are not linked by the kernel; the directory's own attributes do.
+            let attr_ino = if i < 2 { ino.0 } else { child };
+            let Some((mut attr, ttl)) = self.attr_of(attr_ino) else {
+                continue;
+            };
+            attr.ino = INodeNo(child);
+            if reply.add(
+                INodeNo(child),
+                (i + 1) as u64,
+                &name,
+                &ttl,
+                &attr,
+                fuser::Generation(0),
+            ) {
                 break;
             }
         }

@@ -31,6 +31,8 @@ pub struct FileNode {
     pub chunks: Vec<u32>,
     /// End offset of each chunk within the file.
     pub ends: Vec<u64>,
+    /// Where the file comes in tree order (its index in [`Inodes::files`]).
+    pub position: usize,
 }
 
 /// A piece of a read: `len` bytes at `offset` within chunk `chunk` (an index into the tree's table).
@@ -81,8 +83,13 @@ pub struct Node {
 pub struct Inodes {
     nodes: Vec<Node>,
     names: HashMap<(u64, String), u64>,
-    /// Files in tree order, by inode, for whole-volume prefetch.
+    /// Files in tree order, by inode, for whole-volume prefetch and for reading ahead of a
+    /// program that walks the tree.
     pub files: Vec<u64>,
+    /// Each file's path, in the same order (for `--prefetch` patterns).
+    pub paths: Vec<Box<str>>,
+    /// Bytes of the files in tree order up to and including each one.
+    pub file_ends: Vec<u64>,
 }
 
 impl Inodes {
@@ -96,6 +103,8 @@ impl Inodes {
         let mut names = HashMap::new();
         let mut by_path: HashMap<&str, u64> = HashMap::new();
         let mut files = Vec::new();
+        let mut paths = Vec::new();
+        let mut file_ends = Vec::new();
         for e in &tree.entries {
             let ino = nodes.len() as u64 + 1;
             let (parent_path, name) = match e.path.rsplit_once('/') {
@@ -124,11 +133,14 @@ impl Inodes {
                         })
                         .collect();
                     files.push(ino);
+                    paths.push(e.path.as_str().into());
+                    file_ends.push(file_ends.last().copied().unwrap_or(0) + size);
                     NodeKind::File(FileNode {
                         size: *size,
                         mode: *mode,
                         chunks: chunks.clone(),
                         ends,
+                        position: files.len() - 1,
                     })
                 }
             };
@@ -151,6 +163,8 @@ impl Inodes {
             nodes,
             names,
             files,
+            paths,
+            file_ends,
         }
     }
 
@@ -177,6 +191,7 @@ mod tests {
             mode: 0o644,
             chunks: (0..ends.len() as u32).collect(),
             ends: ends.to_vec(),
+            position: 0,
         }
     }
 

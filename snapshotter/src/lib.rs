@@ -20,6 +20,7 @@ mod lease;
 pub mod mount;
 mod prefetch;
 pub mod stats;
+mod walk;
 
 pub use mount::{MountOptions, Prefetch};
 

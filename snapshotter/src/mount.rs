@@ -18,12 +18,31 @@ use crate::inodes::Inodes;
 use crate::stats::Stats;
 
 /// What to fetch before it is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Prefetch {
-    /// Only read-ahead behind sequential readers.
+    /// Only read-ahead behind sequential readers and programs walking the tree.
     None,
     /// Stream the whole volume into the cache in the background.
     All,
+    /// Stream the files these patterns match (paths, directories, or globs with `*`, `?` and
+    /// `**`), in tree order, into the cache in the background.
+    Paths(Vec<String>),
+}
+
+impl Prefetch {
+    /// From `--prefetch` values: `none`, `all`, or patterns (each value one pattern).
+    pub fn from_args(values: &[String]) -> Prefetch {
+        if values.iter().any(|v| v == "all") {
+            Prefetch::All
+        } else {
+            let paths: Vec<String> = values.iter().filter(|v| *v != "none").cloned().collect();
+            if paths.is_empty() {
+                Prefetch::None
+            } else {
+                Prefetch::Paths(paths)
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -275,6 +294,7 @@ impl Common {
             gid: self.gid,
             time: SystemTime::now(),
             readahead: Default::default(),
+            walk: Default::default(),
             tensors: Default::default(),
             stats_opens: Default::default(),
         })
@@ -353,9 +373,7 @@ pub fn mount(
         version.digest.clone(),
         crate::lease::holder(mountpoint),
     );
-    if options.prefetch == Prefetch::All {
-        runtime.spawn(crate::prefetch::prefetch_all(shared));
-    }
+    runtime.spawn(crate::prefetch::prefetch(shared, options.prefetch.clone()));
     Ok(Mounted {
         unmounter: session.unmounter,
         cache: common.cache,
@@ -422,9 +440,7 @@ impl Follow {
         let was_kept = self.following.by_digest(&version.digest).is_some();
         if !was_kept {
             let shared = self.common.shared(&self.runtime, &version, source);
-            if self.prefetch == Prefetch::All {
-                crate::prefetch::prefetch_all(Arc::clone(&shared)).await;
-            }
+            crate::prefetch::prefetch(Arc::clone(&shared), self.prefetch.clone()).await;
             let lease = crate::lease::LeaseKeeper::start(
                 &self.runtime,
                 self.registry.clone(),
@@ -520,9 +536,7 @@ pub fn mount_following(
         mountpoint,
         source,
     )?;
-    if options.prefetch == Prefetch::All {
-        runtime.spawn(crate::prefetch::prefetch_all(shared));
-    }
+    runtime.spawn(crate::prefetch::prefetch(shared, options.prefetch.clone()));
     let mounted = Mounted {
         unmounter: session.unmounter,
         cache: Arc::clone(&common.cache),
@@ -539,7 +553,7 @@ pub fn mount_following(
         registry,
         repo,
         holder,
-        prefetch: options.prefetch,
+        prefetch: options.prefetch.clone(),
         notifier: session.notifier,
     };
     Ok((mounted, follow))
