@@ -10,7 +10,7 @@ pub use vial_core::chunker::FileChunk;
 use vial_core::chunker::{self, ReadAt};
 use vial_core::chunking::Cutter;
 use vial_core::safetensors::{Segment, SegmentKind};
-use vial_core::Algorithm;
+use vial_core::{Algorithm, Digest};
 
 use crate::aligned::{Aligned, ALIGN};
 use crate::ClientError;
@@ -81,6 +81,8 @@ pub struct ReadBuffers {
     /// Told whenever a thread has to wait for a buffer, so that whoever holds chunks back (a
     /// pack waiting to fill) can let them go.
     starved: std::sync::Arc<tokio::sync::Notify>,
+    /// The chunk of zeros, worked out on first use (`None` if the cutter never cuts zeros).
+    zeros: std::sync::Arc<std::sync::OnceLock<Option<Zeros>>>,
 }
 
 #[derive(Debug)]
@@ -125,7 +127,13 @@ impl ReadBuffers {
             shared: std::sync::Arc::new((std::sync::Mutex::new(pool), std::sync::Condvar::new())),
             len: Self::buffer_len(cutter),
             starved: std::sync::Arc::new(tokio::sync::Notify::new()),
+            zeros: std::sync::Arc::new(std::sync::OnceLock::new()),
         }
+    }
+
+    /// The chunk a run of zeros is cut into, once worked out.
+    fn zeros(&self, cutter: &Cutter) -> Option<&Zeros> {
+        self.zeros.get_or_init(|| Zeros::new(cutter)).as_ref()
     }
 
     /// Notified each time a thread starts waiting for a buffer.
@@ -168,6 +176,56 @@ impl ReadBuffers {
             buf,
             pool: Some(self.clone()),
         }
+    }
+}
+
+/// Zero chunks handed on at once from a hole.
+const ZERO_BATCH: u64 = 1024;
+
+/// What the chunker makes of zeros: a chunk that starts in a run of zeros at least `max + 1` long
+/// is always the same `len` bytes (the gear hash of zeros settles after 64 bytes, so the cut falls
+/// at the same place each time). A sparse file's holes read as zeros by definition, so their
+/// chunks are known from where the holes are, without reading or hashing 100 GiB of nothing. Only
+/// holes take this path; zeros written out are read as any other bytes (the same chunks either
+/// way).
+#[derive(Debug)]
+pub(crate) struct Zeros {
+    len: u64,
+    digest: Digest,
+    bytes: Bytes,
+    max: u64,
+}
+
+impl Zeros {
+    fn new(cutter: &Cutter) -> Option<Zeros> {
+        let max = cutter.params().max;
+        let zeros = vec![0u8; max + 1];
+        let len = cutter.next_cut(&zeros, false)?;
+        let bytes = Bytes::from(vec![0u8; len]);
+        Some(Zeros {
+            len: len as u64,
+            digest: Algorithm::Sha256.digest_bytes(&bytes),
+            bytes,
+            max: max as u64,
+        })
+    }
+
+    /// How many zero chunks start at `offset`, one after another, inside a hole of `file` and
+    /// before `end`: each must have a whole maximum-sized chunk's worth of hole (and one byte
+    /// more) ahead of it, so that the cutter would find the same cut in the bytes.
+    fn chunks_at(&self, file: &File, offset: u64, end: u64) -> u64 {
+        use rustix::fs::{seek, SeekFrom};
+        // The next byte that is not in a hole; none (ENXIO) means a hole up to the end of the
+        // file. Filesystems without holes answer `offset` itself.
+        let data = match seek(file, SeekFrom::Data(offset)) {
+            Ok(d) => d,
+            Err(rustix::io::Errno::NXIO) => end,
+            Err(_) => return 0,
+        };
+        // Chunk `i` starts at `offset + i * len` and needs its `max + 1` bytes inside the hole.
+        data.min(end)
+            .saturating_sub(offset + self.max)
+            .div_ceil(self.len)
     }
 }
 
@@ -261,6 +319,33 @@ pub fn chunk_segment_owned(
     let mut base = segment.start;
     let mut next_read = segment.start;
     while next_read < segment.end {
+        // At a cut, in a hole of a sparse file: its chunks are known without reading a byte.
+        if carry.is_empty() {
+            if let Some(zeros) = buffers.zeros(cutter) {
+                let count = zeros.chunks_at(file, base, segment.end);
+                if count > 0 {
+                    let mut left = count;
+                    while left > 0 {
+                        let batch = left.min(ZERO_BATCH);
+                        let cut = (0..batch)
+                            .map(|i| {
+                                let chunk = FileChunk {
+                                    offset: base + i * zeros.len,
+                                    len: zeros.len,
+                                    digest: zeros.digest.clone(),
+                                };
+                                (chunk, zeros.bytes.clone())
+                            })
+                            .collect();
+                        on_chunks(cut)?;
+                        base += batch * zeros.len;
+                        left -= batch;
+                    }
+                    next_read = base;
+                    continue;
+                }
+            }
+        }
         let mut lent = buffers.take();
         let buf = lent.buf.bytes_mut();
         // New bytes go at `at`: past the carry, and where a block-aligned read of `next_read`'s
@@ -399,6 +484,69 @@ mod tests {
                 .unwrap();
                 assert_eq!(got, expected, "segment {segment:?}, direct {direct}");
             }
+        }
+    }
+
+    /// A sparse file's holes are cut without being read, into exactly the chunks reading them
+    /// would give: holes at the start, between data and at the end, in segments that start
+    /// anywhere.
+    #[test]
+    fn holes_are_cut_as_the_zeros_they_read_as() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = dir.path().join("sparse.bin");
+        let f = File::create(&path).unwrap();
+        let len: u64 = 96 << 20;
+        f.set_len(len).unwrap();
+        f.write_all_at(&noise(300_000, 5), 40 << 20).unwrap();
+        f.write_all_at(b"tail", len - 4).unwrap();
+        drop(f);
+        let file = File::open(&path).unwrap();
+        let cutter = Cutter::new(DEFAULT_PARAMS);
+        let zeros = Zeros::new(&cutter).unwrap();
+        assert!(
+            zeros.chunks_at(&file, 0, len) > 0,
+            "this test's directory has holes (SEEK_DATA)"
+        );
+        assert_eq!(zeros.chunks_at(&file, 40 << 20, len), 0, "data is read");
+        let buffers = ReadBuffers::new(&cutter, 4);
+        for start in [0, 4093, 40 << 20, (40 << 20) + 300_000] {
+            let segment = Segment {
+                start,
+                end: len,
+                kind: SegmentKind::Cdc,
+            };
+            let mut window = vial_core::chunker::Window::for_cutter(&cutter);
+            let expected = vial_core::chunker::chunk_segment(
+                &mut OnDisk {
+                    path: &path,
+                    file: &file,
+                },
+                &segment,
+                &cutter,
+                &mut window,
+                &mut |_, _| Ok(()),
+            )
+            .unwrap();
+            let mut got = Vec::new();
+            chunk_segment_owned(
+                &path,
+                &file,
+                false,
+                &segment,
+                &cutter,
+                &buffers,
+                &mut |cut| {
+                    for (chunk, bytes) in cut {
+                        assert_eq!(bytes.len() as u64, chunk.len);
+                        assert_eq!(Algorithm::Sha256.digest_bytes(&bytes), chunk.digest);
+                        got.push(chunk);
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(got, expected, "segment from {start}");
         }
     }
 

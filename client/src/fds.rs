@@ -144,7 +144,9 @@ mod tests {
                     Max open files            256                  4096                 files\n";
         assert_eq!(parse_limit(proc), Some(256));
         assert_eq!(
-            parse_limit("Max open files            unlimited            unlimited            files"),
+            parse_limit(
+                "Max open files            unlimited            unlimited            files"
+            ),
             Some(u64::MAX)
         );
         assert_eq!(budget(), budget_for(now));

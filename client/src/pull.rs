@@ -183,7 +183,11 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(targets: Arc<Vec<FileTarget>>, wanted: &[(u32, Vec<(usize, u64)>)], tree: &Tree) -> Writer {
+    fn new(
+        targets: Arc<Vec<FileTarget>>,
+        wanted: &[(u32, Vec<(usize, u64)>)],
+        tree: &Tree,
+    ) -> Writer {
         let left: Vec<AtomicU64> = targets.iter().map(|_| AtomicU64::new(0)).collect();
         for (chunk, places) in wanted {
             let size = tree.chunks[*chunk as usize].size;
@@ -513,12 +517,20 @@ pub async fn pull(
     })
 }
 
+/// Where a file is written until it is complete: `.<name>.vial-part` beside it, or, for a name
+/// too long to take the decoration (a file system's names stop at 255 bytes),
+/// `.vial-part-<hash of the name>`.
 fn part_path(final_path: &Path) -> PathBuf {
     let name = final_path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    final_path.with_file_name(format!(".{name}.vial-part"))
+    let part = format!(".{name}.vial-part");
+    if part.len() <= 255 {
+        return final_path.with_file_name(part);
+    }
+    let hash = Algorithm::Sha256.digest_bytes(name.as_bytes());
+    final_path.with_file_name(format!(".vial-part-{}", &hash.hex()[..32]))
 }
 
 /// Creates directories and symlinks, and opens every file for writing. Refuses to follow anything
@@ -814,6 +826,17 @@ mod tests {
     /// A run of one chunk that goes to `file`.
     fn run(chunk: u32, file: usize) -> Run {
         vec![(chunk, vec![(file, 0)])]
+    }
+
+    #[test]
+    fn part_files_of_names_at_the_limit_stay_within_it() {
+        let short = part_path(Path::new("/d/model.bin"));
+        assert_eq!(short, Path::new("/d/.model.bin.vial-part"));
+        let long = "n".repeat(255);
+        let part = part_path(&Path::new("/d").join(&long));
+        let name = part.file_name().unwrap().len();
+        assert!(name <= 255, "{name} bytes");
+        assert_ne!(part, part_path(&Path::new("/d").join("m".repeat(255))));
     }
 
     #[test]
