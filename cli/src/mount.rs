@@ -161,6 +161,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             )
         })?;
     // Said before anything is fetched or started in the background, in the words that fix it.
+    Prefetch::from_args(&args.prefetch).map_err(anyhow::Error::msg)?;
     vial_snapshotter::mount::fuse_ready()?;
     let cache_dir = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
     if !args.foreground {
@@ -244,7 +245,8 @@ fn mount_options(args: &MountArgs, cache_dir: PathBuf) -> MountOptions {
     MountOptions {
         cache_dir,
         cache_size: args.cache_size,
-        prefetch: Prefetch::from_args(&args.prefetch),
+        // Checked before the mount started.
+        prefetch: Prefetch::from_args(&args.prefetch).unwrap_or(Prefetch::None),
         timeout: args.timeout,
         parallel: args.downloads as usize,
     }
@@ -412,7 +414,11 @@ fn spawn_background(args: &MountArgs, cache_dir: &Path, mountpoint: &Path) -> an
         .arg(cache_dir)
         .arg("--cache-size")
         .arg(args.cache_size.to_string())
-        .args(args.prefetch.iter().flat_map(|p| ["--prefetch", p.as_str()]))
+        .args(
+            args.prefetch
+                .iter()
+                .flat_map(|p| ["--prefetch", p.as_str()]),
+        )
         .arg("--downloads")
         .arg(args.downloads.to_string())
         .arg("--timeout")

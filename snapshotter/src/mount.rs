@@ -30,18 +30,18 @@ pub enum Prefetch {
 }
 
 impl Prefetch {
-    /// From `--prefetch` values: `none`, `all`, or patterns (each value one pattern).
-    pub fn from_args(values: &[String]) -> Prefetch {
+    /// From `--prefetch` values: `none`, `all`, or patterns (each value one pattern); a pattern
+    /// that is not a glob is an error.
+    pub fn from_args(values: &[String]) -> Result<Prefetch, String> {
         if values.iter().any(|v| v == "all") {
-            Prefetch::All
-        } else {
-            let paths: Vec<String> = values.iter().filter(|v| *v != "none").cloned().collect();
-            if paths.is_empty() {
-                Prefetch::None
-            } else {
-                Prefetch::Paths(paths)
-            }
+            return Ok(Prefetch::All);
         }
+        let paths: Vec<String> = values.iter().filter(|v| *v != "none").cloned().collect();
+        if paths.is_empty() {
+            return Ok(Prefetch::None);
+        }
+        crate::prefetch::compile(&paths)?;
+        Ok(Prefetch::Paths(paths))
     }
 }
 

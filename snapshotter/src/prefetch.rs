@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::fetch::Priority;
 use crate::fs::Shared;
@@ -19,10 +20,14 @@ const PARALLEL: usize = 4;
 
 /// Prefetches what `prefetch` names; nothing for [`Prefetch::None`].
 pub async fn prefetch(shared: Arc<Shared>, prefetch: Prefetch) {
-    let patterns: Option<Vec<Vec<&str>>> = match &prefetch {
+    let patterns = match &prefetch {
         Prefetch::None => return,
         Prefetch::All => None,
-        Prefetch::Paths(p) => Some(p.iter().map(|p| segments(p)).collect()),
+        // Checked when the mount was asked for (`Prefetch::from_args`).
+        Prefetch::Paths(p) => match compile(p) {
+            Ok(set) => Some(set),
+            Err(e) => return tracing::error!(error = %e, "prefetch skipped"),
+        },
     };
     let budget = shared.fetcher.cache().limit() / 10 * 9;
     let mut planned = 0u64;
@@ -31,8 +36,7 @@ pub async fn prefetch(shared: Arc<Shared>, prefetch: Prefetch) {
     let (mut files, mut skipped) = (0u64, 0u64);
     for (i, &ino) in shared.inodes.files.iter().enumerate() {
         if let Some(patterns) = &patterns {
-            let path = segments(&shared.inodes.paths[i]);
-            if !patterns.iter().any(|p| matches_or_below(p, &path)) {
+            if !matches_or_below(patterns, &shared.inodes.paths[i]) {
                 skipped += 1;
                 continue;
             }
@@ -90,54 +94,28 @@ pub async fn prefetch(shared: Arc<Shared>, prefetch: Prefetch) {
     );
 }
 
-fn segments(path: &str) -> Vec<&str> {
-    path.split('/').filter(|s| !s.is_empty()).collect()
-}
-
-/// Whether a pattern matches the path or a directory it lies under (`tokenizer` names every file
-/// in it, as `tokenizer/**` does).
-fn matches_or_below(pattern: &[&str], path: &[&str]) -> bool {
-    (1..=path.len()).any(|n| matches(pattern, &path[..n]))
-}
-
-/// Glob matching by path segment: `**` is any number of segments (none too), `*` any run of
-/// characters within one, `?` one character.
-fn matches(pattern: &[&str], path: &[&str]) -> bool {
-    match pattern.split_first() {
-        None => path.is_empty(),
-        Some((&"**", rest)) => (0..=path.len()).any(|skip| matches(rest, &path[skip..])),
-        Some((first, rest)) => path
-            .split_first()
-            .is_some_and(|(seg, tail)| matches_segment(first, seg) && matches(rest, tail)),
+/// The `--prefetch` patterns, compiled: `*` and `?` stay within a path segment, `**` spans any
+/// number of them (the syntax of `vial sync --include`).
+pub fn compile(patterns: &[String]) -> Result<GlobSet, String> {
+    let mut set = GlobSetBuilder::new();
+    for p in patterns {
+        let glob = GlobBuilder::new(p.trim_matches('/'))
+            .literal_separator(true)
+            .build()
+            .map_err(|e| format!("bad --prefetch pattern {p:?}: {e}"))?;
+        set.add(glob);
     }
+    set.build()
+        .map_err(|e| format!("bad --prefetch patterns: {e}"))
 }
 
-fn matches_segment(pattern: &str, name: &str) -> bool {
-    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
-    // Classic two-pointer wildcard match, backtracking to the last `*`.
-    let (mut i, mut j) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while j < n.len() {
-        match p.get(i) {
-            Some('*') => {
-                star = Some((i, j));
-                i += 1;
-            }
-            Some(&c) if c == '?' || c == n[j] => {
-                i += 1;
-                j += 1;
-            }
-            _ => match star {
-                Some((si, sj)) => {
-                    i = si + 1;
-                    j = sj + 1;
-                    star = Some((si, sj + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    p[i..].iter().all(|&c| c == '*')
+/// Whether the patterns match the path or a directory it lies under (`tokenizer` names every
+/// file in it, as `tokenizer/**` does).
+fn matches_or_below(set: &GlobSet, path: &str) -> bool {
+    set.is_match(path)
+        || path
+            .match_indices('/')
+            .any(|(i, _)| set.is_match(&path[..i]))
 }
 
 #[cfg(test)]
@@ -145,7 +123,7 @@ mod tests {
     use super::*;
 
     fn m(pattern: &str, path: &str) -> bool {
-        matches_or_below(&segments(pattern), &segments(path))
+        matches_or_below(&compile(&[pattern.to_owned()]).unwrap(), path)
     }
 
     #[test]
@@ -164,5 +142,6 @@ mod tests {
         assert!(!m("a*b*c", "aXbY"));
         assert!(m("**", "anything/at/all"));
         assert!(!m("model.safetensors", "model-00001.safetensors"));
+        assert!(compile(&["[".to_owned()]).is_err());
     }
 }

@@ -201,6 +201,10 @@ mod tests {
         walk.step(0, &ends);
         walk.step(1, &ends);
         let r = walk.step(2, &ends).unwrap();
-        assert_eq!(r, 3..6, "up to and including the shard, whose start is in the window");
+        assert_eq!(
+            r,
+            3..6,
+            "up to and including the shard, whose start is in the window"
+        );
     }
 }
