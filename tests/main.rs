@@ -29,6 +29,7 @@ mod mount;
 mod oras;
 mod s3;
 mod serve;
+mod shapes;
 mod skopeo;
 mod sync;
 mod ui;

@@ -108,19 +108,26 @@ impl Server {
         args.extend(matrix_args(data, extra));
         let mut env = env.to_vec();
         env.extend(matrix_env());
-        Server::spawn(data, &args, &env, None)
+        Server::spawn(data, &args, &env, None, None)
     }
 
     /// Starts a registry with exactly these arguments and extra environment.
     pub fn start_with(data: &Path, args: &[String], env: &[(&'static str, String)]) -> Server {
-        Server::spawn(data, args, env, None)
+        Server::spawn(data, args, env, None, None)
     }
 
     /// Starts a registry like [`Server::start_on`] whose log, at `level`, goes to `log`.
     pub fn start_logging(data: &Path, extra: &[&str], level: &str, log: &Path) -> Server {
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         args.extend(matrix_args(data, extra));
-        Server::spawn(data, &args, &matrix_env(), Some((level, log)))
+        Server::spawn(data, &args, &matrix_env(), Some((level, log)), None)
+    }
+
+    /// Starts a registry like [`Server::start_on`] that may hold at most `nofile` open files.
+    pub fn start_limited(data: &Path, extra: &[&str], nofile: u32) -> Server {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(matrix_args(data, extra));
+        Server::spawn(data, &args, &matrix_env(), None, Some(nofile))
     }
 
     fn spawn(
@@ -128,8 +135,12 @@ impl Server {
         args: &[String],
         env: &[(&'static str, String)],
         log: Option<(&str, &Path)>,
+        nofile: Option<u32>,
     ) -> Server {
-        let mut command = Command::new(vial_bin());
+        let mut command = match nofile {
+            Some(n) => limited(n),
+            None => Command::new(vial_bin()),
+        };
         command.arg("serve");
         if !args.iter().any(|a| a == "--addr") {
             command.args(["--addr", "127.0.0.1:0"]);
@@ -224,6 +235,17 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<std::process
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A command that runs `vial` with at most `nofile` open files (soft and hard limit), as a user
+/// under `ulimit -n` would: the shell sets the limit and then becomes `vial`, same process.
+pub fn limited(nofile: u32) -> Command {
+    let mut command = Command::new("sh");
+    command
+        .args(["-c", r#"ulimit -n "$0" && exec "$@""#])
+        .arg(nofile.to_string())
+        .arg(vial_bin());
+    command
 }
 
 /// The backend combination the suite runs against: `VIAL_TEST_BACKEND` is `sqlite+fs` (the

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::peer;
-use super::vial::{vial, vial_ok};
+use super::vial::{vial, vial_limited_ok, vial_ok};
 
 /// A mounted volume, unmounted (lazily, so a failed test never leaves a busy mount) when dropped.
 pub struct Mount {
@@ -13,6 +13,27 @@ pub struct Mount {
 
 impl Mount {
     pub fn new(home: &Path, reference: &str, name: &str, extra: &[&str]) -> Mount {
+        Mount::start(home, reference, name, extra, None)
+    }
+
+    /// A mount whose process may hold at most `nofile` open files.
+    pub fn new_limited(
+        home: &Path,
+        reference: &str,
+        name: &str,
+        extra: &[&str],
+        nofile: u32,
+    ) -> Mount {
+        Mount::start(home, reference, name, extra, Some(nofile))
+    }
+
+    fn start(
+        home: &Path,
+        reference: &str,
+        name: &str,
+        extra: &[&str],
+        nofile: Option<u32>,
+    ) -> Mount {
         let path = home.join(name);
         std::fs::create_dir_all(&path).unwrap();
         let mut args = vec!["mount", reference, path.to_str().unwrap()];
@@ -22,7 +43,10 @@ impl Mount {
             args.extend(["--cache-dir", cache.to_str().unwrap()]);
         }
         args.extend_from_slice(extra);
-        vial_ok(home, &args);
+        match nofile {
+            Some(n) => vial_limited_ok(home, n, &args),
+            None => vial_ok(home, &args),
+        };
         Mount {
             path,
             home: home.to_owned(),

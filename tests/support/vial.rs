@@ -7,7 +7,22 @@ use super::vial_bin;
 
 /// Runs `vial ARGS` with an isolated cache and Docker config, returning its output.
 pub fn vial(home: &Path, args: &[&str]) -> Output {
-    Command::new(vial_bin())
+    in_home(Command::new(vial_bin()), home, args)
+}
+
+/// Runs `vial ARGS` like [`vial`], with at most `nofile` open files.
+pub fn vial_limited(home: &Path, nofile: u32, args: &[&str]) -> Output {
+    in_home(super::limited(nofile), home, args)
+}
+
+/// Runs `vial ARGS` with at most `nofile` open files, panicking with its stderr if it fails;
+/// returns stdout.
+pub fn vial_limited_ok(home: &Path, nofile: u32, args: &[&str]) -> String {
+    succeeded(vial_limited(home, nofile, args), args)
+}
+
+fn in_home(mut command: Command, home: &Path, args: &[&str]) -> Output {
+    command
         .args(args)
         .env("HOME", home)
         .env("XDG_CACHE_HOME", home.join("cache"))
@@ -19,7 +34,10 @@ pub fn vial(home: &Path, args: &[&str]) -> Output {
 
 /// Runs `vial ARGS`, panicking with its stderr if it fails; returns stdout.
 pub fn vial_ok(home: &Path, args: &[&str]) -> String {
-    let out = vial(home, args);
+    succeeded(vial(home, args), args)
+}
+
+fn succeeded(out: Output, args: &[&str]) -> String {
     assert!(
         out.status.success(),
         "vial {args:?} failed: {}\n{}",
