@@ -25,7 +25,7 @@ use crate::{pushers, rss};
 
 mod client;
 mod report;
-pub use client::{client, ClientArgs};
+pub(crate) use client::{client, manifest, ClientArgs, Layer};
 use report::report;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -83,6 +83,16 @@ pub struct FilesArgs {
     pub keep_page_reporting: bool,
 }
 
+impl FilesArgs {
+    fn backends(&self) -> Backends<'_> {
+        Backends {
+            vial: &self.vial,
+            s3s_fs: &self.s3s_fs,
+            pg_bin: &self.pg_bin,
+        }
+    }
+}
+
 /// One timed operation by one client.
 #[derive(Debug, Default, Clone, Serialize)]
 struct Row {
@@ -125,24 +135,34 @@ struct Concurrent {
     registry_peak_rss_mib: f64,
 }
 
-/// A registry to measure against: `vial serve` on one backend, with what it needs.
-struct Registry {
-    server: Server,
+/// A registry to measure against: `vial serve` on one backend, with what it needs (the `tree`
+/// benchmark measures against it too).
+pub(crate) struct Registry {
+    pub(crate) server: Server,
     _pg: Option<Postgres>,
     _s3: Option<Server>,
 }
 
+/// The programs a [`Registry`] runs: `vial` itself, and s3s-fs and PostgreSQL for the `s3` backend.
+pub(crate) struct Backends<'a> {
+    pub(crate) vial: &'a Path,
+    pub(crate) s3s_fs: &'a Path,
+    pub(crate) pg_bin: &'a Path,
+}
+
 impl Registry {
-    async fn start(args: &FilesArgs, backend: &str, dir: &Path) -> Result<Registry> {
+    /// `vial serve` on `backend`: `disk` (SQLite + files) or `s3` (PostgreSQL + s3s-fs, both
+    /// started here and stopped with it).
+    pub(crate) async fn start(tools: &Backends<'_>, backend: &str, dir: &Path) -> Result<Registry> {
         if backend == "disk" {
             return Ok(Registry {
-                server: servers::start_vial(&args.vial, &dir.join("registry"))?,
+                server: servers::start_vial(tools.vial, &dir.join("registry"))?,
                 _pg: None,
                 _s3: None,
             });
         }
-        let pg = Postgres::start(&args.pg_bin, &dir.join("postgres"))?;
-        let s3 = start_s3(&args.s3s_fs, &dir.join("s3")).await?;
+        let pg = Postgres::start(tools.pg_bin, &dir.join("postgres"))?;
+        let s3 = start_s3(tools.s3s_fs, &dir.join("s3")).await?;
         let env = vec![
             (
                 "AWS_ENDPOINT_URL",
@@ -158,7 +178,7 @@ impl Registry {
             "--blob-url".to_owned(),
             format!("s3://{BUCKET}/files"),
         ];
-        let server = servers::start_vial_with(&args.vial, &dir.join("registry"), &args_, &env)?;
+        let server = servers::start_vial_with(tools.vial, &dir.join("registry"), &args_, &env)?;
         Ok(Registry {
             server,
             _pg: Some(pg),
@@ -166,7 +186,7 @@ impl Registry {
         })
     }
 
-    fn host(&self) -> Result<String> {
+    pub(crate) fn host(&self) -> Result<String> {
         pushers::host(&self.server)
     }
 
@@ -404,7 +424,7 @@ async fn run_round(inputs: &Inputs<'_>, round: usize, dir: &Path) -> Result<Vec<
     std::fs::create_dir_all(dir)?;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
-    let reg = Registry::start(args, backend, dir).await?;
+    let reg = Registry::start(&args.backends(), backend, dir).await?;
     let host = reg.host()?;
     let base = format!("http://{host}");
     let mut rows = Vec::new();
@@ -621,7 +641,12 @@ const HASHING: &str = "file-per-layer, hashing";
 /// The file-per-layer push of a client that starts from the files alone and must hash them, as
 /// `oras push` does: on a registry of its own, so that no blob it sends is there already.
 async fn hashing_push(inputs: &Inputs<'_>, dir: &Path, logs: &Path) -> Result<Row> {
-    let reg = Registry::start(inputs.args, inputs.backend, &dir.join("hashing")).await?;
+    let reg = Registry::start(
+        &inputs.args.backends(),
+        inputs.backend,
+        &dir.join("hashing"),
+    )
+    .await?;
     let mut client_args: Vec<String> = ["files-client", "push", "--hash", "--base"]
         .map(String::from)
         .into();

@@ -25,6 +25,7 @@ mod rss;
 mod run;
 mod scale;
 mod servers;
+mod tree;
 mod ui;
 
 use std::path::PathBuf;
@@ -56,6 +57,10 @@ enum Command {
     /// Is vial at least as fast as shipping the files? Push, pull and a full read through a mount
     /// against skopeo, the ORAS Python SDK and a file-per-layer client, per backend.
     Files(files::FilesArgs),
+    /// Directories of any shape: 10,000 and 100,000 small files and a mixed volume, pushed,
+    /// pulled and read through a mount against a tarball layer and a layer per file, every client
+    /// with the open-file limit at 1024.
+    Tree(tree::TreeArgs),
     /// Metadata at fleet scale: a PostgreSQL store grown to 1e5 and 1e6 blob rows, request
     /// latencies and a collection pass after deleting 5% of versions.
     Scale(scale::ScaleArgs),
@@ -173,6 +178,7 @@ fn main() -> Result<()> {
                 Command::Backends(args) => backends::backends(args).await,
                 Command::Containerd(args) => containerd::containerd(args).await,
                 Command::Files(args) => files::files(args).await,
+                Command::Tree(args) => tree::tree(args).await,
                 Command::Scale(args) => scale::scale(args).await,
                 Command::Fleet(args) => fleet::fleet(args).await,
                 Command::Follow(args) => follow::follow(args).await,
