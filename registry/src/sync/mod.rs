@@ -483,37 +483,39 @@ async fn sync_files(
     // every lifetime, which the job runner's task needs.
     let copies: Vec<_> = todo
         .into_iter()
-        .map(|f| (f.size <= SMALL_FILE, async move {
-            let reader = remote.open(f).await?;
-            // A read that fails midway is most often the network: worth another attempt, which
-            // keeps what this one finished.
-            let chunks = chunk_and_store(&run.state, run.repo(), &f.path, f.size, reader)
-                .await
-                .map_err(|e| match e {
-                    SealError::Content { message, .. } => SyncError::source(
-                        format!("reading {} from {}: {message}", f.path, spec.source),
-                        true,
-                    ),
-                    other => other.into(),
-                })?;
-            {
-                let mut p = run.progress();
-                p.files_done += 1;
-                p.bytes_done += f.size;
-                p.bytes_read += f.size;
-            }
-            let entry = FileEntry {
-                size: f.size,
-                chunks,
-            };
-            run.save_file(&JobFile {
-                path: f.path.clone(),
-                version: f.version.clone(),
-                entry: serde_json::to_string(&entry).unwrap_or_default(),
+        .map(|f| {
+            (f.size <= SMALL_FILE, async move {
+                let reader = remote.open(f).await?;
+                // A read that fails midway is most often the network: worth another attempt, which
+                // keeps what this one finished.
+                let chunks = chunk_and_store(&run.state, run.repo(), &f.path, f.size, reader)
+                    .await
+                    .map_err(|e| match e {
+                        SealError::Content { message, .. } => SyncError::source(
+                            format!("reading {} from {}: {message}", f.path, spec.source),
+                            true,
+                        ),
+                        other => other.into(),
+                    })?;
+                {
+                    let mut p = run.progress();
+                    p.files_done += 1;
+                    p.bytes_done += f.size;
+                    p.bytes_read += f.size;
+                }
+                let entry = FileEntry {
+                    size: f.size,
+                    chunks,
+                };
+                run.save_file(&JobFile {
+                    path: f.path.clone(),
+                    version: f.version.clone(),
+                    entry: serde_json::to_string(&entry).unwrap_or_default(),
+                })
+                .await?;
+                Ok::<_, SyncError>((f, entry.chunks))
             })
-            .await?;
-            Ok::<_, SyncError>((f, entry.chunks))
-        }))
+        })
         .collect();
     let (small, large): (Vec<_>, Vec<_>) = copies.into_iter().partition(|(small, _)| *small);
     let small: Vec<_> = small.into_iter().map(|(_, copy)| copy).collect();
