@@ -520,9 +520,11 @@ async fn sync_files(
     let (small, large): (Vec<_>, Vec<_>) = copies.into_iter().partition(|(small, _)| *small);
     let small: Vec<_> = small.into_iter().map(|(_, copy)| copy).collect();
     let large: Vec<_> = large.into_iter().map(|(_, copy)| copy).collect();
-    let mut copies = futures_util::stream::iter(small)
-        .buffer_unordered(PARALLEL_SMALL_FILES)
-        .chain(futures_util::stream::iter(large).buffer_unordered(PARALLEL_FILES));
+    // Both at once: a small file the source is slow to send must not hold up the large ones.
+    let mut copies = futures_util::stream::select(
+        futures_util::stream::iter(small).buffer_unordered(PARALLEL_SMALL_FILES),
+        futures_util::stream::iter(large).buffer_unordered(PARALLEL_FILES),
+    );
     while let Some((f, chunks)) = copies.try_next().await? {
         done.insert(f.path.clone(), chunks);
     }
