@@ -42,7 +42,7 @@ pub struct Walk {
 impl Walk {
     /// Notes that the file at `position` was read at its start; says which files to fetch ahead
     /// (a range of tree positions), if any. `ends` are the files' cumulative sizes in tree order.
-    fn step(&mut self, position: usize, ends: &[u64]) -> Option<std::ops::Range<usize>> {
+    fn step(&mut self, position: usize, ends: &[u64]) -> Option<(std::ops::Range<usize>, u64)> {
         match self.last {
             Some(last) if position > last && position - last <= SLACK => {
                 self.run += 1;
@@ -74,7 +74,7 @@ impl Walk {
             .clamp(from + 1, ends.len())
             .min(from + STEP_FILES);
         self.mark = end;
-        Some(from..end)
+        Some((from..end, window))
     }
 }
 
@@ -85,21 +85,25 @@ impl Shared {
             let mut walk = self.walk.lock().unwrap_or_else(|p| p.into_inner());
             walk.step(position, &self.inodes.file_ends)
         };
-        let Some(range) = range else { return };
+        let Some((range, window)) = range else { return };
+        // Whole files, in order, while they fit in the window: a walk is a walk of small files,
+        // and a file larger than what is left of the window gets the read-ahead of its own
+        // reader when it is read (fetching it here would push out of a small cache what was
+        // just read).
         let mut seen = HashSet::new();
         let mut missing = Vec::new();
-        let mut budget = WINDOW_MAX;
+        let mut budget = window;
         for &ino in &self.inodes.files[range.clone()] {
             let Some(NodeKind::File(f)) = self.inodes.get(ino).map(|n| &n.kind) else {
                 continue;
             };
+            if f.size > budget {
+                break;
+            }
+            budget -= f.size;
             for &c in &f.chunks {
                 let chunk = &self.chunks[c as usize];
-                if budget < chunk.size {
-                    break;
-                }
                 if seen.insert(c) && !self.fetcher.available(&chunk.digest) {
-                    budget -= chunk.size;
                     missing.push((chunk.digest.clone(), chunk.size));
                 }
             }
@@ -147,7 +151,8 @@ mod tests {
         assert_eq!(walk.step(0, &ends), None);
         assert_eq!(walk.step(1, &ends), None);
         // The third file in order starts it: 4 MiB (1 MiB doubled twice) of 4 KiB files.
-        let first = walk.step(2, &ends).unwrap();
+        let (first, window) = walk.step(2, &ends).unwrap();
+        assert_eq!(window, 4 << 20);
         assert_eq!(first.start, 3);
         assert_eq!(first.len(), 1024);
         // Walking on, each step starts where the last ended: every file ahead is fetched once,
@@ -156,7 +161,7 @@ mod tests {
         let mut next = first.end;
         let mut steps = vec![first.len()];
         for p in 3..ends.len() {
-            if let Some(r) = walk.step(p, &ends) {
+            if let Some((r, _)) = walk.step(p, &ends) {
                 assert_eq!(r.start, next);
                 assert!(r.len() <= STEP_FILES);
                 next = r.end;
@@ -182,7 +187,7 @@ mod tests {
         assert_eq!(walk.run, 0);
         assert_eq!(walk.step(100, &ends), None);
         assert_eq!(walk.step(101, &ends), None);
-        let r = walk.step(102, &ends).unwrap();
+        let (r, _) = walk.step(102, &ends).unwrap();
         assert_eq!(r.start, 103);
         // The end of the tree bounds it.
         assert!(r.end <= 1000);
@@ -200,7 +205,7 @@ mod tests {
         let mut walk = Walk::default();
         walk.step(0, &ends);
         walk.step(1, &ends);
-        let r = walk.step(2, &ends).unwrap();
+        let (r, _) = walk.step(2, &ends).unwrap();
         assert_eq!(
             r,
             3..6,
