@@ -280,6 +280,28 @@ impl Shared {
         (start <= offset).then_some(end)
     }
 
+    /// Fetches chunks a reader will ask for next, one bulk read per run, on the demand slots.
+    /// A failed run costs nothing but speed: its chunks are fetched as they are read.
+    pub(crate) fn fetch_ahead(self: &Arc<Self>, missing: Vec<(vial_core::Digest, u64)>) {
+        for run in fetch::runs(missing) {
+            let me = Arc::clone(self);
+            let in_flight = InFlight::start(&self.stats);
+            self.runtime.spawn(async move {
+                let _in_flight = in_flight;
+                match me.fetcher.ensure_run(&run, Priority::Demand).await {
+                    Ok(n) => {
+                        me.stats
+                            .prefetched_chunks
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %vial_core::error_chain(&e), "read-ahead failed; readers fetch chunk by chunk")
+                    }
+                }
+            });
+        }
+    }
+
     /// Starts fetching chunks ahead of a reader, so they arrive in parallel rather than one read
     /// request at a time:
     /// - when a read jumps into a safetensors tensor, the rest of the tensor (up to 64 MiB ahead):
@@ -364,25 +386,8 @@ impl Shared {
             }
         }
         // A sequential reader asks for these next, in this order: they share the demand slots
-        // with its reads, so whole-volume prefetch (background) can never hold them up. Each run
-        // is one bulk read.
-        for run in fetch::runs(missing) {
-            let me = Arc::clone(self);
-            let in_flight = InFlight::start(&self.stats);
-            self.runtime.spawn(async move {
-                let _in_flight = in_flight;
-                match me.fetcher.ensure_run(&run, Priority::Demand).await {
-                    Ok(n) => {
-                        me.stats
-                            .prefetched_chunks
-                            .fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %vial_core::error_chain(&e), "read-ahead failed; readers fetch chunk by chunk")
-                    }
-                }
-            });
-        }
+        // with its reads, so whole-volume prefetch (background) can never hold them up.
+        self.fetch_ahead(missing);
         // Chunks already in the node cache are read ahead too, from its disk.
         if !cached.is_empty() {
             let me = Arc::clone(self);

@@ -10,13 +10,10 @@
 //! once less than half of it is still ahead of the reader, as within a file.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::fetch::{self, Priority};
 use crate::fs::Shared;
 use crate::inodes::NodeKind;
-use crate::stats::InFlight;
 
 /// Files read in order before the mount reads ahead of them.
 const WALK_START: u32 = 2;
@@ -115,23 +112,7 @@ impl Shared {
             "walk read-ahead"
         );
         // The walker asks for these next: they share the demand slots with its reads.
-        for run in fetch::runs(missing) {
-            let me = Arc::clone(self);
-            let in_flight = InFlight::start(&self.stats);
-            self.runtime.spawn(async move {
-                let _in_flight = in_flight;
-                match me.fetcher.ensure_run(&run, Priority::Demand).await {
-                    Ok(n) => {
-                        me.stats
-                            .prefetched_chunks
-                            .fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %vial_core::error_chain(&e), "walk read-ahead failed; files are fetched as they are read")
-                    }
-                }
-            });
-        }
+        self.fetch_ahead(missing);
     }
 }
 
