@@ -45,10 +45,12 @@ fn push_then_pull_recreates_the_tree_exactly() {
     }
 }
 
-/// Tensors of just over 4 MiB: each is one segment whose chunks keep one of `vial push`'s 16
-/// read buffers (they fill half of it, so they are not copied out), so a pack waiting to fill to
-/// 64 MiB holds 15 of them and the hashers must wait. The push must
-/// send that pack early (it logs so) and finish, and the version must come back whole.
+/// Tensors of exactly 4 MiB: each is one segment whose chunks keep one of `vial push`'s 16 read
+/// buffers (they fill half of one, so they are not copied out). The registry already has the
+/// file's header chunk, so the new chunks are tensors only, and 16 of them make exactly one full
+/// pack. That pack is the last one cut, so it waits for more chunks, but the hashers need a 17th
+/// buffer: they stall while nothing is being uploaded, whatever the timing. The push must send
+/// that pack early (it logs so) and finish, and the version must come back whole.
 #[test]
 fn a_push_whose_pack_holds_every_read_buffer_sends_it_early_and_completes() {
     let server = Server::start();
@@ -56,16 +58,20 @@ fn a_push_whose_pack_holds_every_read_buffer_sends_it_early_and_completes() {
     let src = home.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     let tensors: Vec<crate::support::model::TensorSpec> = (0..40)
-        .map(|i| {
-            (
-                format!("layer.{i}.weight"),
-                (2 << 20) + 1000 + i * 5000,
-                i as u64,
-            )
-        })
+        .map(|i| (format!("layer.{i}.weight"), 2 << 20, i as u64))
         .collect();
-    crate::support::model::write_safetensors(&src.join("model.safetensors"), &tensors);
+    let model = src.join("model.safetensors");
+    crate::support::model::write_safetensors(&model, &tensors);
+    // The header segment (length prefix and JSON, which ends where the first tensor starts) is
+    // one small chunk; pushed first as a file of its own, it is the same chunk.
+    let bytes = std::fs::read(&model).unwrap();
+    let json_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let headers = home.path().join("header");
+    std::fs::create_dir_all(&headers).unwrap();
+    std::fs::write(headers.join("header.bin"), &bytes[..8 + json_len]).unwrap();
+    drop(bytes);
     let reference = format!("{}/weights/mid-sized", server.addr);
+    push_json(home.path(), &headers, &reference, &["--tag", "header"]);
     let mut child = std::process::Command::new(crate::support::vial_bin())
         .args(["push", src.to_str().unwrap(), &reference, "--tag", "v1"])
         .env("HOME", home.path())
