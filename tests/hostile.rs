@@ -528,6 +528,8 @@ fn assault(
     let mut writes_by_alice = BTreeSet::new();
     let mut writes = Vec::new();
     let mut answered = 0;
+    // The request before, on the connection a dropped one was likely reusing.
+    let mut previous = String::from("none");
     let mut statuses = std::collections::BTreeMap::new();
     let methods = [
         Method::GET,
@@ -590,11 +592,14 @@ fn assault(
         };
         request = request.timeout(Duration::from_secs(60));
         let what = format!("seed {seed:#x} #{i} {who:?} {method} {url}");
-        let response = request
-            .send()
-            .unwrap_or_else(|e| panic!("{what}: no answer (a dropped connection?): {e}"));
+        let response = request.send().unwrap_or_else(|e| {
+            panic!(
+                "{what}: no answer (a dropped connection?): {e:?}; the request before: {previous}"
+            )
+        });
         answered += 1;
         let status = response.status().as_u16();
+        previous = format!("{method} {url}: {status}");
         *statuses.entry(status).or_default() += 1;
         let headers = response.headers().clone();
         let text = response.text().unwrap_or_default();

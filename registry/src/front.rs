@@ -1,8 +1,9 @@
 //! The HTTP front door: the connection loop and the tower layers every request passes before a
 //! handler sees it.
 //!
-//! Outside in: a request id (`X-Request-Id`, made up when the client sent none, echoed on the
-//! response and recorded in the request's span, so every log line of a request carries it);
+//! Outside in: `Connection: close` on an HTTP/1 answer given without reading the request's whole
+//! body; a request id (`X-Request-Id`, made up when the client sent none, echoed on the response
+//! and recorded in the request's span, so every log line of a request carries it);
 //! `Authorization` and `Cookie` marked sensitive, so no log prints them; the request span;
 //! panics caught and answered as a 500 in the OCI error envelope; gzip for JSON listings when
 //! the client accepts it; and bounds on slow request bodies. The connection loop itself bounds
@@ -70,6 +71,9 @@ pub(crate) fn layers(router: Router, limits: &Limits) -> Router {
             header::PROXY_AUTHORIZATION,
         ]))
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        // Outermost, to see the body as the connection gives it (the layers within may hide
+        // that it is empty).
+        .layer(axum::middleware::from_fn(close_if_body_unread))
 }
 
 /// One span per request, named for what every log line inside it needs: the request id, method
@@ -232,6 +236,74 @@ where
     }
 }
 
+/// An HTTP/1 connection whose request body was left unread cannot carry another request: hyper
+/// closes it after the answer. Saying so in the answer (`Connection: close`) keeps a client from
+/// sending its next request down a connection that is about to go, which it would see as a
+/// dropped request. Handlers answer a refused upload, a 401 or an endpoint that takes no body
+/// without reading what was sent, and should.
+async fn close_if_body_unread(
+    request: Request<Body>,
+    next: axum::middleware::Next,
+) -> Response<Body> {
+    let http1 = request.version() <= axum::http::Version::HTTP_11;
+    // A request without a body has nothing left to read.
+    let read = Arc::new(std::sync::atomic::AtomicBool::new(
+        request.body().is_end_stream(),
+    ));
+    let request = request.map(|inner| {
+        Body::new(ReadToEnd {
+            inner,
+            read: Arc::clone(&read),
+        })
+    });
+    let mut response = next.run(request).await;
+    if http1 && !read.load(std::sync::atomic::Ordering::Acquire) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+pin_project_lite::pin_project! {
+    /// A request body that notes when it has been read to its end (see [`close_if_body_unread`]).
+    struct ReadToEnd {
+        #[pin]
+        inner: Body,
+        read: Arc<std::sync::atomic::AtomicBool>,
+    }
+}
+
+impl HttpBody for ReadToEnd {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        let frame = this.inner.as_mut().poll_frame(cx);
+        if matches!(frame, Poll::Ready(None)) || this.inner.is_end_stream() {
+            this.read.store(true, std::sync::atomic::Ordering::Release);
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let end = self.inner.is_end_stream();
+        if end {
+            self.read.store(true, std::sync::atomic::Ordering::Release);
+        }
+        end
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// How many upload requests each client address has in flight, against a cap.
 #[derive(Debug, Default)]
 pub(crate) struct UploadSlots {
@@ -368,5 +440,47 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["errors"][0]["code"], "INTERNAL_ERROR");
         assert!(!String::from_utf8_lossy(&body).contains("deliberately"));
+    }
+
+    /// An answer given without reading the request's body closes the connection; one that read
+    /// it, or had none to read, keeps it open.
+    #[tokio::test]
+    async fn an_answer_that_leaves_the_body_unread_closes_the_connection() {
+        let router: Router = Router::new()
+            .route("/ignore", axum::routing::post(|| async { "ignored" }))
+            .route(
+                "/read",
+                axum::routing::post(|body: Bytes| async move { body.len().to_string() }),
+            )
+            .route("/get", get(|| async { "got" }));
+        let app = layers(router, &Limits::default());
+        let send = |method: &str, path: &str, body: Body| {
+            let request = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(body)
+                .unwrap();
+            app.clone().oneshot(request)
+        };
+        let stream = || {
+            Body::from_stream(futures_util::stream::iter(
+                (0..4).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; 1000]))),
+            ))
+        };
+        let closes = |r: &Response<Body>| {
+            r.headers()
+                .get(header::CONNECTION)
+                .is_some_and(|v| v == "close")
+        };
+        let ignored = send("POST", "/ignore", stream()).await.unwrap();
+        assert_eq!(ignored.status(), StatusCode::OK);
+        assert!(closes(&ignored));
+        let read = send("POST", "/read", stream()).await.unwrap();
+        assert_eq!(read.status(), StatusCode::OK);
+        assert!(!closes(&read));
+        let got = send("GET", "/get", Body::empty()).await.unwrap();
+        assert!(!closes(&got));
+        let empty_post = send("POST", "/ignore", Body::empty()).await.unwrap();
+        assert!(!closes(&empty_post));
     }
 }
