@@ -312,24 +312,8 @@ impl Drop for Node {
         let _ = self.containerd.wait();
         let _ = self.snapshotter.kill();
         let _ = self.snapshotter.wait();
-        unmount_under(&self.dir);
+        crate::mounted::unmount_under(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Detaches whatever is mounted under `dir` (a node's snapshots and volumes).
-pub(crate) fn unmount_under(dir: &Path) {
-    let prefix = dir.display().to_string();
-    if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
-        for target in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
-            if target.starts_with(&prefix) {
-                let _ = Command::new("umount")
-                    .arg("-l")
-                    .arg(target)
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
     }
 }
 

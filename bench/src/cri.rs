@@ -162,7 +162,7 @@ impl Drop for CriNode {
             let _ = s.kill();
             let _ = s.wait();
         }
-        crate::containerd::unmount_under(&self.dir);
+        crate::mounted::unmount_under(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

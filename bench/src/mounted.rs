@@ -1,6 +1,7 @@
 //! What the mount benchmark does to a `vial mount`: mounting it as a guard that unmounts on drop,
 //! finding the mount process in /proc, reading its `.vial-stats`, reading files through it (or
-//! from local disk) with large buffers, reading one tensor, and dropping the page cache.
+//! from local disk) with large buffers, reading one tensor, dropping the page cache, and detaching
+//! whatever a node left mounted.
 
 use std::fs::{self, File};
 use std::io::Read;
@@ -526,6 +527,22 @@ pub fn timed(cmd: &mut Command, log: &Path) -> Result<(f64, Vec<u8>)> {
         );
     }
     Ok((seconds, out.stdout))
+}
+
+/// Detaches whatever is mounted under `dir` (a node's snapshots and volumes).
+pub(crate) fn unmount_under(dir: &Path) {
+    let prefix = dir.display().to_string();
+    if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
+        for target in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
+            if target.starts_with(&prefix) {
+                let _ = Command::new("umount")
+                    .arg("-l")
+                    .arg(target)
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
 }
 
 #[cfg(test)]

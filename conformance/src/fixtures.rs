@@ -12,8 +12,8 @@ use vial_core::{Algorithm, Digest};
 
 use crate::check::{fail, Problem};
 use crate::client::{add_query, Client};
+use crate::config::{suffix, Config};
 use crate::expect;
-use crate::runner::Config;
 
 /// The media type given to the random layers the suite uploads.
 pub(crate) const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
@@ -52,12 +52,6 @@ fn join_repo(namespace: &str, area: &str) -> String {
     } else {
         format!("{ns}/{area}-{}", suffix())
     }
-}
-
-/// Eight random lowercase hex characters.
-pub(crate) fn suffix() -> String {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    id.chars().take(8).collect()
 }
 
 /// `len` unpredictable bytes: SHA-256 in counter mode over a random seed.

@@ -21,6 +21,7 @@
 
 mod check;
 mod client;
+mod config;
 mod discovery;
 mod errors;
 mod expect;
@@ -33,5 +34,6 @@ mod push;
 mod report;
 mod runner;
 
+pub use config::{default_namespace, Config};
 pub use report::{category_of, CheckResult, Outcome, Report, StrictFailures};
-pub use runner::{default_namespace, run, Config};
+pub use runner::run;

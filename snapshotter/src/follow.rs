@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use vial_core::Digest;
 
-use crate::fs::Shared;
 use crate::lease::LeaseKeeper;
+use crate::shared::Shared;
 
 /// The root directory of a following mount.
 pub const ROOT: u64 = 1;

@@ -19,10 +19,12 @@ mod inodes;
 mod lease;
 pub mod mount;
 mod prefetch;
+mod shared;
 pub mod stats;
 mod walk;
 
-pub use mount::{MountOptions, Prefetch};
+pub use mount::MountOptions;
+pub use prefetch::Prefetch;
 
 /// Name of the statistics file at the root of every mount.
 pub fn stats_file_name() -> &'static str {

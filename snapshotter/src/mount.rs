@@ -13,37 +13,11 @@ use vial_core::RepoName;
 use crate::cache::ChunkCache;
 use crate::fetch::Fetcher;
 use crate::follow::{Following, Slot};
-use crate::fs::{Shared, VialFs, View};
+use crate::fs::{VialFs, View};
 use crate::inodes::Inodes;
+use crate::prefetch::Prefetch;
+use crate::shared::Shared;
 use crate::stats::Stats;
-
-/// What to fetch before it is read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Prefetch {
-    /// Only read-ahead behind sequential readers and programs walking the tree.
-    None,
-    /// Stream the whole volume into the cache in the background.
-    All,
-    /// Stream the files these patterns match (paths, directories, or globs with `*`, `?` and
-    /// `**`), in tree order, into the cache in the background.
-    Paths(Vec<String>),
-}
-
-impl Prefetch {
-    /// From `--prefetch` values: `none`, `all`, or patterns (each value one pattern); a pattern
-    /// that is not a glob is an error.
-    pub fn from_args(values: &[String]) -> Result<Prefetch, String> {
-        if values.iter().any(|v| v == "all") {
-            return Ok(Prefetch::All);
-        }
-        let paths: Vec<String> = values.iter().filter(|v| *v != "none").cloned().collect();
-        if paths.is_empty() {
-            return Ok(Prefetch::None);
-        }
-        crate::prefetch::compile(&paths)?;
-        Ok(Prefetch::Paths(paths))
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct MountOptions {

@@ -10,10 +10,37 @@ use futures_util::StreamExt;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::fetch::Priority;
-use crate::fs::Shared;
 use crate::inodes::NodeKind;
-use crate::mount::Prefetch;
+use crate::shared::Shared;
 use crate::stats::InFlight;
+
+/// What to fetch before it is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Only read-ahead behind sequential readers and programs walking the tree.
+    None,
+    /// Stream the whole volume into the cache in the background.
+    All,
+    /// Stream the files these patterns match (paths, directories, or globs with `*`, `?` and
+    /// `**`), in tree order, into the cache in the background.
+    Paths(Vec<String>),
+}
+
+impl Prefetch {
+    /// From `--prefetch` values: `none`, `all`, or patterns (each value one pattern); a pattern
+    /// that is not a glob is an error.
+    pub fn from_args(values: &[String]) -> Result<Prefetch, String> {
+        if values.iter().any(|v| v == "all") {
+            return Ok(Prefetch::All);
+        }
+        let paths: Vec<String> = values.iter().filter(|v| *v != "none").cloned().collect();
+        if paths.is_empty() {
+            return Ok(Prefetch::None);
+        }
+        compile(&paths)?;
+        Ok(Prefetch::Paths(paths))
+    }
+}
 
 /// Bulk reads (runs of up to [`crate::fetch::RUN_BYTES`]) the prefetcher keeps in flight.
 const PARALLEL: usize = 4;

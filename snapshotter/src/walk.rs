@@ -10,10 +10,11 @@
 //! once less than half of it is still ahead of the reader, as within a file.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use crate::fs::Shared;
-use crate::inodes::NodeKind;
+use vial_core::volume::ChunkRef;
+use vial_core::Digest;
+
+use crate::inodes::{Inodes, NodeKind};
 
 /// Files read in order before the mount reads ahead of them.
 const WALK_START: u32 = 2;
@@ -39,7 +40,11 @@ pub struct Walk {
 impl Walk {
     /// Notes that the file at `position` was read at its start; says which files to fetch ahead
     /// (a range of tree positions), if any. `ends` are the files' cumulative sizes in tree order.
-    fn step(&mut self, position: usize, ends: &[u64]) -> Option<(std::ops::Range<usize>, u64)> {
+    pub(crate) fn step(
+        &mut self,
+        position: usize,
+        ends: &[u64],
+    ) -> Option<(std::ops::Range<usize>, u64)> {
         match self.last {
             Some(last) if position > last && position - last <= SLACK => {
                 self.run += 1;
@@ -75,45 +80,36 @@ impl Walk {
     }
 }
 
-impl Shared {
-    /// Called when the file at tree `position` is read at its start: fetches ahead of a walk.
-    pub(crate) fn walk_ahead(self: &Arc<Self>, position: usize) {
-        let range = {
-            let mut walk = self.walk.lock().unwrap_or_else(|p| p.into_inner());
-            walk.step(position, &self.inodes.file_ends)
+/// The chunks not yet local of the files at tree positions `range`, whole files in order while
+/// they fit in `window` bytes: a walk is a walk of small files, and a file larger than what is
+/// left of the window gets the read-ahead of its own reader when it is read (fetching it here
+/// would push out of a small cache what was just read).
+pub(crate) fn missing(
+    inodes: &Inodes,
+    chunks: &[ChunkRef],
+    range: std::ops::Range<usize>,
+    window: u64,
+    available: impl Fn(&Digest) -> bool,
+) -> Vec<(Digest, u64)> {
+    let mut seen = HashSet::new();
+    let mut missing = Vec::new();
+    let mut budget = window;
+    for &ino in &inodes.files[range] {
+        let Some(NodeKind::File(f)) = inodes.get(ino).map(|n| &n.kind) else {
+            continue;
         };
-        let Some((range, window)) = range else { return };
-        // Whole files, in order, while they fit in the window: a walk is a walk of small files,
-        // and a file larger than what is left of the window gets the read-ahead of its own
-        // reader when it is read (fetching it here would push out of a small cache what was
-        // just read).
-        let mut seen = HashSet::new();
-        let mut missing = Vec::new();
-        let mut budget = window;
-        for &ino in &self.inodes.files[range.clone()] {
-            let Some(NodeKind::File(f)) = self.inodes.get(ino).map(|n| &n.kind) else {
-                continue;
-            };
-            if f.size > budget {
-                break;
-            }
-            budget -= f.size;
-            for &c in &f.chunks {
-                let chunk = &self.chunks[c as usize];
-                if seen.insert(c) && !self.fetcher.available(&chunk.digest) {
-                    missing.push((chunk.digest.clone(), chunk.size));
-                }
+        if f.size > budget {
+            break;
+        }
+        budget -= f.size;
+        for &c in &f.chunks {
+            let chunk = &chunks[c as usize];
+            if seen.insert(c) && !available(&chunk.digest) {
+                missing.push((chunk.digest.clone(), chunk.size));
             }
         }
-        tracing::trace!(
-            position,
-            files = range.len(),
-            chunks = missing.len(),
-            "walk read-ahead"
-        );
-        // The walker asks for these next: they share the demand slots with its reads.
-        self.fetch_ahead(missing);
     }
+    missing
 }
 
 #[cfg(test)]
