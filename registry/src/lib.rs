@@ -1,8 +1,9 @@
 //! The vial registry: an OCI Distribution API v1.1 server.
 //!
 //! Start reading at [`serve`], which opens the configured backends and runs the HTTP server until a
-//! shutdown signal; then `api::dispatch`, which turns every `/v2/…` request into a typed
-//! [`route::Endpoint`] and hands it to one handler module per resource. Storage sits behind the
+//! shutdown signal; then `v2::enter`, which turns every `/v2/…` request into a typed
+//! [`route::Endpoint`], authorizes it and hands it to the API (`api::dispatch`, one handler module
+//! per resource) or, in a cache, to the cache tier (`cache::api::dispatch`). Storage sits behind the
 //! [`storage::BlobStore`] and [`storage::MetadataStore`] traits.
 
 mod api;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod error;
 mod front;
 pub mod gc;
+mod http;
 mod jobs;
 mod listener;
 mod metrics;
@@ -20,6 +22,7 @@ mod seal;
 pub mod storage;
 pub mod sync;
 mod ui;
+mod v2;
 mod watch;
 
 use std::future::Future;
@@ -136,7 +139,7 @@ pub fn app(
         tag_watch: std::sync::OnceLock::new(),
     });
     let router = Router::new()
-        .route("/token", get(api::token).post(api::token))
+        .route("/token", get(v2::token).post(v2::token))
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/_vial/cache/id", get(cache_id))
@@ -144,9 +147,14 @@ pub fn app(
         .route("/", get(ui::root))
         .route("/ui", axum::routing::any(ui::handle))
         .route("/ui/", axum::routing::any(ui::handle))
-        .route("/ui/{*page}", axum::routing::any(ui::handle))
-        .fallback(api::dispatch)
-        .with_state(Arc::clone(&state));
+        .route("/ui/{*page}", axum::routing::any(ui::handle));
+    // A cache answers `/v2/…` from what it holds and its upstream; a registry from its stores.
+    let router = if state.cache.is_some() {
+        router.fallback(cache::api::dispatch)
+    } else {
+        router.fallback(api::dispatch)
+    }
+    .with_state(Arc::clone(&state));
     let router = front::layers(router, &state.config.limits);
     Ok((router, state))
 }

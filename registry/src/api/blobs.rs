@@ -8,9 +8,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use vial_core::{Digest, RepoName};
 
-use super::{set_header, Request};
-use crate::error::{ApiError, ErrorCode};
-use crate::storage::ByteRange;
+use crate::error::ApiError;
+use crate::http::{set_header, Request};
 use crate::AppState;
 
 /// How long a presigned blob URL stays valid: long enough for a slow download to start, short
@@ -29,17 +28,7 @@ pub(super) async fn get(
         .await?
         .ok_or_else(|| ApiError::blob_unknown(digest))?;
     let size = location.size;
-    let range = match req.header("range") {
-        Some(h) => parse_range(h, size).map_err(|()| {
-            ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                ErrorCode::RangeInvalid,
-                format!("range {h:?} is not satisfiable for a blob of {size} bytes"),
-            )
-            .with_header("content-range", format!("bytes */{size}"))
-        })?,
-        None => None,
-    };
+    let range = req.range(size)?;
     let (status, length) = match range {
         Some(r) => (StatusCode::PARTIAL_CONTENT, r.len()),
         None => (StatusCode::OK, size),
@@ -100,90 +89,5 @@ pub(super) async fn delete(
         Ok(StatusCode::ACCEPTED.into_response())
     } else {
         Err(ApiError::blob_unknown(digest))
-    }
-}
-
-/// Parses a `Range` header against a blob of `size` bytes.
-///
-/// `Ok(None)` means "serve the whole blob": RFC 9110 lets a server ignore a range it does not
-/// understand or support (multiple ranges, other units). `Err` means the range is well formed but
-/// unsatisfiable, which is a 416.
-pub(crate) fn parse_range(header: &str, size: u64) -> Result<Option<ByteRange>, ()> {
-    let Some(spec) = header.trim().strip_prefix("bytes=") else {
-        return Ok(None);
-    };
-    if spec.contains(',') {
-        return Ok(None);
-    }
-    let Some((first, last)) = spec.trim().split_once('-') else {
-        return Ok(None);
-    };
-    let (first, last) = (first.trim(), last.trim());
-    let range = if first.is_empty() {
-        // Suffix range: the last N bytes.
-        let Ok(n) = last.parse::<u64>() else {
-            return Ok(None);
-        };
-        if n == 0 || size == 0 {
-            return Err(());
-        }
-        ByteRange {
-            start: size.saturating_sub(n),
-            end: size,
-        }
-    } else {
-        let Ok(start) = first.parse::<u64>() else {
-            return Ok(None);
-        };
-        let end = if last.is_empty() {
-            size
-        } else {
-            let Ok(last) = last.parse::<u64>() else {
-                return Ok(None);
-            };
-            if last < start {
-                return Ok(None);
-            }
-            last.saturating_add(1).min(size)
-        };
-        if start >= size {
-            return Err(());
-        }
-        ByteRange { start, end }
-    };
-    Ok(Some(range))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn r(start: u64, end: u64) -> Result<Option<ByteRange>, ()> {
-        Ok(Some(ByteRange { start, end }))
-    }
-
-    #[test]
-    fn byte_ranges_of_every_form() {
-        assert_eq!(parse_range("bytes=0-9", 100), r(0, 10));
-        assert_eq!(parse_range("bytes=90-200", 100), r(90, 100));
-        assert_eq!(parse_range("bytes=95-", 100), r(95, 100));
-        assert_eq!(parse_range("bytes=-10", 100), r(90, 100));
-        assert_eq!(parse_range("bytes=-1000", 100), r(0, 100));
-    }
-
-    #[test]
-    fn unsatisfiable_ranges_are_errors() {
-        assert_eq!(parse_range("bytes=100-", 100), Err(()));
-        assert_eq!(parse_range("bytes=200-300", 100), Err(()));
-        assert_eq!(parse_range("bytes=-0", 100), Err(()));
-        assert_eq!(parse_range("bytes=0-0", 0), Err(()));
-    }
-
-    #[test]
-    fn unsupported_range_forms_serve_the_whole_blob() {
-        assert_eq!(parse_range("items=0-1", 100), Ok(None));
-        assert_eq!(parse_range("bytes=0-1,5-6", 100), Ok(None));
-        assert_eq!(parse_range("bytes=5-1", 100), Ok(None));
-        assert_eq!(parse_range("bytes=x-1", 100), Ok(None));
     }
 }

@@ -5,8 +5,8 @@ use serde::Serialize;
 use vial_core::manifest::Descriptor;
 use vial_core::{media, Digest, RepoName};
 
-use super::{json_listing, set_header, Request};
 use crate::error::{ApiError, ErrorCode};
+use crate::http::{json_listing, set_header, Request};
 use crate::AppState;
 
 /// Largest page a listing returns, whatever `n` asks for; more come through the `Link` header.

@@ -7,8 +7,8 @@ use vial_core::manifest::{summarize, ManifestKind};
 use vial_core::volume::VOLUME_ARTIFACT_TYPE;
 use vial_core::{media, Algorithm, RepoName, Tag, Target};
 
-use super::{append_header, set_header, Request};
 use crate::error::{ApiError, ErrorCode};
+use crate::http::{append_header, set_header, Request};
 use crate::storage::{ManifestRecord, TagPrecondition};
 use crate::AppState;
 

@@ -18,15 +18,11 @@ use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 use vial_core::{Digest, RepoName};
 
-use super::{set_header, Request};
 use crate::error::{ApiError, ErrorCode};
+use crate::http::{set_header, Request, MAX_PACK_BYTES, MAX_PACK_CHUNKS};
 use crate::storage::{BlobLocation, ByteRange, ByteStream, PackId, PackedChunk, VerifyFuture};
 use crate::AppState;
 
-/// The largest pack one request may carry.
-pub const MAX_PACK_BYTES: u64 = 1 << 30;
-/// The most chunks in one pack or one bulk read.
-pub const MAX_PACK_CHUNKS: usize = 8192;
 /// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
 const MAX_LIST_BYTES: usize = 1 << 20;
 /// Segments of a bulk read being read at once: the one streaming and the next.
@@ -274,7 +270,7 @@ pub(super) async fn upload(
     }
     state.metrics.record_pack(packed.len() as u64);
     tracing::info!(%repo, pack = %id, chunks = packed.len(), bytes = size, "pack stored");
-    Ok(super::json(
+    Ok(crate::http::json(
         StatusCode::CREATED,
         &serde_json::json!({ "chunks": packed.len(), "bytes": size }),
     ))
@@ -332,7 +328,7 @@ pub(super) async fn read(
     repo: &RepoName,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = super::vial::read_small_body(body, 1 << 20, "bulk read").await?;
+    let bytes = crate::http::read_small_body(body, 1 << 20, "bulk read").await?;
     let request: ReadRequest = serde_json::from_slice(&bytes).map_err(|e| {
         invalid(
             ErrorCode::DigestInvalid,

@@ -6,10 +6,11 @@ use axum::response::Response;
 use serde::Serialize;
 use vial_core::{RepoName, Tag};
 
-use super::json;
 use super::manifests::{check_users, denied};
-use super::vial::{await_job, read_small_body};
+use super::vial::await_job;
 use crate::error::{ApiError, ErrorCode};
+use crate::http::json;
+use crate::http::read_small_body;
 use crate::storage::{Job, JobState};
 use crate::sync::{check_spec, SpecError, SyncProgress, SyncSpec, SYNC_JOB};
 use crate::AppState;
@@ -118,7 +119,7 @@ pub(super) async fn sync_start(
 pub(super) async fn sync_list(state: &AppState, repo: &RepoName) -> Result<Response, ApiError> {
     let jobs = state.meta.list_jobs(SYNC_JOB, repo, LIST_LIMIT).await?;
     let views: Vec<SyncView<'_>> = jobs.iter().map(view).collect();
-    Ok(super::json_listing(
+    Ok(crate::http::json_listing(
         &serde_json::json!({ "name": repo, "jobs": views }),
         "application/json",
     ))

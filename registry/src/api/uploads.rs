@@ -5,8 +5,8 @@ use axum::response::{IntoResponse, Response};
 use vial_core::{Algorithm, Digest, RepoName};
 
 use super::sessions::{hash_stream, tee_body, HashPipe, HashState};
-use super::{set_header, Request};
 use crate::error::{ApiError, ErrorCode};
+use crate::http::{set_header, Request};
 use crate::route::parse_digest;
 use crate::storage::{now_millis, StorageError, UploadSession, VerifyFuture};
 use crate::AppState;

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use vial_core::manifest::ImageManifest;
 use vial_core::volume::VOLUME_ARTIFACT_TYPE;
 use vial_core::{Digest, RepoName};
 
 use crate::error::{ApiError, ErrorCode};
+use crate::http::read_small_body;
 use crate::seal::SEAL_JOB;
 use crate::storage::{Job, JobState, Presence, Window};
 use crate::AppState;
@@ -29,30 +29,6 @@ struct PresentRequest {
 #[derive(Serialize)]
 struct PresentResponse {
     present: Vec<Digest>,
-}
-
-/// Reads a request body of at most `limit` bytes.
-pub(crate) async fn read_small_body(
-    body: axum::body::Body,
-    limit: usize,
-    what: &str,
-) -> Result<Vec<u8>, ApiError> {
-    let mut stream = body.into_data_stream();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::bad_request(ErrorCode::Unsupported, format!("request body failed: {e}"))
-        })?;
-        if bytes.len() + chunk.len() > limit {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::SizeInvalid,
-                format!("{what} body is too large (at most {limit} bytes)"),
-            ));
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok(bytes)
 }
 
 /// `POST /v2/<name>/_vial/blobs/present` with `{"digests": [...]}`: which of these blobs the
@@ -89,7 +65,10 @@ pub(super) async fn blobs_present(
         .meta
         .link_present_blobs(repo, &request.digests, presence)
         .await?;
-    Ok(super::json(StatusCode::OK, &PresentResponse { present }))
+    Ok(crate::http::json(
+        StatusCode::OK,
+        &PresentResponse { present },
+    ))
 }
 
 #[derive(Serialize)]
@@ -148,7 +127,7 @@ pub(super) async fn versions(
             restorable_until: r.deleted_at.map(|at| rfc3339(at + retention)),
         })
         .collect();
-    Ok(super::json_listing(
+    Ok(crate::http::json_listing(
         &serde_json::json!({ "name": repo, "versions": versions }),
         "application/json",
     ))
@@ -167,7 +146,7 @@ struct SealStatus<'a> {
 }
 
 fn seal_response(status: StatusCode, job: &Job) -> Response {
-    super::json(
+    crate::http::json(
         status,
         &SealStatus {
             subject: &job.target,
@@ -345,7 +324,7 @@ pub(super) async fn restore(
             )
         })?;
     tracing::info!(%repo, %digest, tags = ?restored.tags, tags_moved_on = ?restored.tags_moved_on, "deleted manifest restored");
-    Ok(super::json(
+    Ok(crate::http::json(
         StatusCode::OK,
         &serde_json::json!({
             "digest": digest,
@@ -379,7 +358,7 @@ pub(super) async fn leases(
         .iter()
         .map(|l| serde_json::json!({"holder": l.holder, "expires_at": rfc3339(l.expires_at)}))
         .collect();
-    Ok(super::json_listing(
+    Ok(crate::http::json_listing(
         &serde_json::json!({ "leases": list }),
         "application/json",
     ))
@@ -390,7 +369,7 @@ pub(super) async fn lease_change(
     state: &AppState,
     repo: &RepoName,
     digest: &Digest,
-    req: &super::Request,
+    req: &crate::http::Request,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let bytes = axum::body::to_bytes(body, 64 * 1024)
@@ -445,7 +424,7 @@ pub(super) async fn tag_history(
             })
         })
         .collect();
-    Ok(super::json_listing(
+    Ok(crate::http::json_listing(
         &serde_json::json!({ "name": repo, "tag": tag.as_str(), "history": list }),
         "application/json",
     ))
@@ -463,7 +442,7 @@ pub(super) async fn tag_watch(
     state: &Arc<AppState>,
     repo: &RepoName,
     tag: &vial_core::Tag,
-    req: &super::Request,
+    req: &crate::http::Request,
 ) -> Result<Response, ApiError> {
     let since = match req.query.get("since").map(str::trim) {
         None | Some("") => None,
@@ -486,12 +465,12 @@ pub(super) async fn tag_watch(
             format!("tag {tag} is not in {repo}"),
         ));
     };
-    let mut response = super::json(
+    let mut response = crate::http::json(
         StatusCode::OK,
         &serde_json::json!({ "name": repo, "tag": tag.as_str(), "digest": digest }),
     );
-    super::set_header(&mut response, "docker-content-digest", digest.as_str());
-    super::set_header(&mut response, "cache-control", "no-store");
+    crate::http::set_header(&mut response, "docker-content-digest", digest.as_str());
+    crate::http::set_header(&mut response, "cache-control", "no-store");
     Ok(response)
 }
 
@@ -530,8 +509,8 @@ fn gc_job_response(job: &Job) -> Response {
     } else {
         StatusCode::ACCEPTED
     };
-    let mut response = super::json(status, &view);
-    super::set_header(
+    let mut response = crate::http::json(status, &view);
+    crate::http::set_header(
         &mut response,
         "location",
         &format!("/v2/_vial/gc/{}", job.id),
@@ -551,7 +530,7 @@ pub(super) async fn gc(
 ) -> Result<Response, ApiError> {
     if dry_run {
         let report = crate::gc::collect(state, true, None).await?;
-        return Ok(super::json(StatusCode::OK, &report));
+        return Ok(crate::http::json(StatusCode::OK, &report));
     }
     // Refused at once, rather than queued to fail.
     if let Some(why) = state.meta.gc_blocker().await? {

@@ -4,19 +4,48 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{Method, StatusCode};
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use vial_core::{Digest, RepoName, Target};
 
 use super::flight::Failure;
 use super::{read_stored, Cache, Claim, Via};
-use crate::api::{set_header, Request};
 use crate::error::{ApiError, ErrorCode};
+use crate::http::{set_header, Request};
 use crate::route::Endpoint;
 use crate::storage::ByteStream;
+use crate::{AppState, ClientAddr};
 
-pub(crate) async fn handle(
+/// The fallback handler of a cache: every `/v2/…` request.
+pub(crate) async fn dispatch(
+    State(state): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    crate::v2::enter(
+        state,
+        client,
+        method,
+        uri,
+        headers,
+        body,
+        |state, endpoint, req, body| async move {
+            let cache = state
+                .cache
+                .clone()
+                .ok_or_else(|| ApiError::internal("the cache tier answered without a cache"))?;
+            handle(&cache, endpoint, &req, body).await
+        },
+    )
+    .await
+}
+
+async fn handle(
     cache: &Arc<Cache>,
     endpoint: Endpoint,
     req: &Request,
@@ -103,17 +132,7 @@ async fn blob(
         .blob_size(repo, digest)
         .await?
         .ok_or_else(|| ApiError::blob_unknown(digest))?;
-    let range = match req.header("range") {
-        Some(h) => crate::api::blobs::parse_range(h, size).map_err(|()| {
-            ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                ErrorCode::RangeInvalid,
-                format!("range {h:?} is not satisfiable for a blob of {size} bytes"),
-            )
-            .with_header("content-range", format!("bytes */{size}"))
-        })?,
-        None => None,
-    };
+    let range = req.range(size)?;
     let (start, end) = range.map_or((0, size), |r| (r.start, r.end));
     let body = if req.method == Method::HEAD {
         Body::empty()
@@ -187,14 +206,14 @@ async fn chunks(
     struct ReadRequest {
         digests: Vec<Digest>,
     }
-    let bytes = crate::api::vial::read_small_body(body, 1 << 20, "bulk read").await?;
+    let bytes = crate::http::read_small_body(body, 1 << 20, "bulk read").await?;
     let request: ReadRequest = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad_request(
             ErrorCode::DigestInvalid,
             format!("expected {{\"digests\": [...]}} with valid digests: {e}"),
         )
     })?;
-    let max = crate::api::packs::MAX_PACK_CHUNKS;
+    let max = crate::http::MAX_PACK_CHUNKS;
     if request.digests.is_empty() || request.digests.len() > max {
         return Err(ApiError::bad_request(
             ErrorCode::SizeInvalid,
@@ -217,12 +236,12 @@ async fn chunks(
         .with_detail(serde_json::json!({ "missing": missing })));
     }
     let total: u64 = wanted.iter().map(|(_, s)| s).sum();
-    if total > crate::api::packs::MAX_PACK_BYTES {
+    if total > crate::http::MAX_PACK_BYTES {
         return Err(ApiError::bad_request(
             ErrorCode::SizeInvalid,
             format!(
                 "a bulk read returns at most {} bytes",
-                crate::api::packs::MAX_PACK_BYTES
+                crate::http::MAX_PACK_BYTES
             ),
         ));
     }
@@ -252,7 +271,7 @@ async fn forward(
     req: &Request,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = crate::api::vial::read_small_body(body, 1 << 20, "request").await?;
+    let body = crate::http::read_small_body(body, 1 << 20, "request").await?;
     let method = reqwest::Method::from_bytes(req.method.as_str().as_bytes())
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let upstream = cache

@@ -197,8 +197,8 @@ fn error_page(viewer: &Viewer, status: StatusCode, message: &str) -> Response {
 /// A page as a response: HTML, never cached (what it shows depends on who asks).
 fn html_response(status: StatusCode, markup: Markup) -> Response {
     let mut r = (status, markup.into_string()).into_response();
-    crate::api::set_header(&mut r, "content-type", "text/html; charset=utf-8");
-    crate::api::set_header(&mut r, "cache-control", "no-store");
+    crate::http::set_header(&mut r, "content-type", "text/html; charset=utf-8");
+    crate::http::set_header(&mut r, "cache-control", "no-store");
     r
 }
 

@@ -48,7 +48,7 @@ fn host(state: &AppState, headers: &HeaderMap) -> String {
     headers
         .get("host")
         .and_then(|h| h.to_str().ok())
-        .filter(|h| crate::api::is_plain_authority(h))
+        .filter(|h| crate::http::is_plain_authority(h))
         .unwrap_or("localhost:5000")
         .to_owned()
 }
@@ -110,8 +110,8 @@ pub(super) async fn sign_in(state: &AppState, client: ClientAddr, body: &[u8]) -
                 ""
             };
             let mut r = (StatusCode::SEE_OTHER, "").into_response();
-            crate::api::set_header(&mut r, "location", "/ui/");
-            crate::api::set_header(
+            crate::http::set_header(&mut r, "location", "/ui/");
+            crate::http::set_header(
                 &mut r,
                 "set-cookie",
                 &format!(
@@ -139,8 +139,8 @@ pub(super) fn sign_out(state: &AppState) -> Response {
         ""
     };
     let mut r = (StatusCode::SEE_OTHER, "").into_response();
-    crate::api::set_header(&mut r, "location", "/ui/");
-    crate::api::set_header(
+    crate::http::set_header(&mut r, "location", "/ui/");
+    crate::http::set_header(
         &mut r,
         "set-cookie",
         &format!("{COOKIE}=; Path=/ui; Max-Age=0; HttpOnly; SameSite=Strict{secure}"),
