@@ -38,7 +38,6 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::Limits;
 use crate::error::{ApiError, ErrorCode};
-use crate::ClientAddr;
 
 /// The most a connection's read buffer grows to. Body frames are slices of it, so each frame a
 /// slow consumer (a disk writer, a hasher) holds queued can keep up to this much alive.
@@ -360,6 +359,10 @@ impl Drop for UploadSlot {
         }
     }
 }
+
+/// The client's address, for handlers that need it (the token endpoint's failure counting).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientAddr(pub std::net::SocketAddr);
 
 /// Serves connections from `listener` until `shutdown` completes, then lets the requests in flight
 /// finish. Each connection's requests carry the client's address ([`ClientAddr`]).

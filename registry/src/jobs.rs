@@ -10,15 +10,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use vial_core::Digest;
 
 use crate::error::error_chain;
 use crate::gc::GC_JOB;
 use crate::seal::{seal, SEAL_JOB};
+use crate::state::AppState;
 use crate::storage::{now_millis, Job, JobOutcome};
 use crate::sync::SYNC_JOB;
-use crate::AppState;
 
 /// How often an idle runner looks for jobs queued by other replicas or left by dead ones.
 const POLL: Duration = Duration::from_secs(5);
@@ -26,24 +26,6 @@ const POLL: Duration = Duration::from_secs(5);
 const PARALLEL_JOBS: usize = 2;
 /// Attempts before a job that keeps failing transiently is given up.
 const MAX_ATTEMPTS: i64 = 5;
-
-/// Wakes the runner when a job is queued in this process, and waiters when one finishes here.
-#[derive(Debug, Default)]
-pub struct JobQueue {
-    wake: Notify,
-    finished: Notify,
-}
-
-impl JobQueue {
-    pub fn wake(&self) {
-        self.wake.notify_one();
-    }
-
-    /// Resolves when a job this process runs next records its outcome.
-    pub fn finished(&self) -> tokio::sync::futures::Notified<'_> {
-        self.finished.notified()
-    }
-}
 
 /// Runs jobs until `stop` turns true; a job running then is handed back for another attempt.
 /// Up to [`PARALLEL_JOBS`] run at once, so a long sync does not hold up the seals queued behind it.

@@ -14,11 +14,13 @@ pub mod error;
 mod front;
 pub mod gc;
 mod http;
+mod janitor;
 mod jobs;
 mod listener;
 mod metrics;
 pub mod route;
 mod seal;
+mod state;
 pub mod storage;
 pub mod sync;
 mod ui;
@@ -34,52 +36,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
-use vial_core::{Digest, RepoName};
 
 pub use config::{BlobBackend, Config, MetadataBackend};
+use state::AppState;
 use storage::{BlobStore, FsBlobStore, MetadataStore, S3BlobStore, SqlMetadataStore, StorageError};
-
-/// Shared state of every request handler.
-#[derive(Debug)]
-pub struct AppState {
-    pub(crate) meta: Arc<dyn MetadataStore>,
-    pub(crate) blobs: Arc<dyn BlobStore>,
-    pub(crate) config: Config,
-    pub(crate) sessions: api::Sessions,
-    pub(crate) metrics: Arc<metrics::Metrics>,
-    pub(crate) auth: Option<auth::Auth>,
-    pub(crate) jobs: jobs::JobQueue,
-    /// Garbage collection passes in this process take turns.
-    pub(crate) gc_turn: tokio::sync::Mutex<()>,
-    pub(crate) gc_metrics: gc::GcMetrics,
-    /// Upload requests in flight per client address, against `Limits::max_uploads_per_client`.
-    pub(crate) upload_slots: Arc<front::UploadSlots>,
-    /// Set when this server is a cache of another registry (`--upstream`).
-    pub(crate) cache: Option<Arc<cache::Cache>>,
-    /// Requests waiting for tags to move, started by the first of them.
-    pub(crate) tag_watch: std::sync::OnceLock<Arc<watch::TagWatch>>,
-}
-
-impl AppState {
-    /// The tag watch hub, started on first use (inside the runtime).
-    pub(crate) fn tag_watch(&self) -> &Arc<watch::TagWatch> {
-        self.tag_watch
-            .get_or_init(|| watch::TagWatch::start(Arc::clone(&self.meta)))
-    }
-}
-
-impl AppState {
-    /// Records a blob whose verified bytes the blob store now holds and links it to `repo`.
-    pub(crate) async fn commit_stored_blob(
-        &self,
-        repo: &vial_core::RepoName,
-        digest: &vial_core::Digest,
-        size: u64,
-    ) -> Result<(), StorageError> {
-        let check = storage::stored_check(&self.blobs, digest);
-        self.meta.commit_blob(repo, digest, size, check).await
-    }
-}
 
 /// Opens the backends named by the configuration. This is the one place that picks implementations.
 pub async fn open_storage(
@@ -131,7 +91,7 @@ pub fn app(
         sessions: api::Sessions::default(),
         metrics: Arc::new(metrics::Metrics::default()),
         auth,
-        jobs: jobs::JobQueue::default(),
+        jobs: state::JobQueue::default(),
         gc_turn: tokio::sync::Mutex::new(()),
         gc_metrics: gc::GcMetrics::default(),
         upload_slots: Arc::default(),
@@ -185,7 +145,7 @@ pub async fn serve(
             tokio::spawn(async move { cache.peers.find_myself().await });
         }
     }
-    let janitor = (!caching).then(|| tokio::spawn(janitor(Arc::clone(&state))));
+    let janitor = (!caching).then(|| tokio::spawn(janitor::run(Arc::clone(&state))));
     let collector = (!caching && !state.config.gc_interval.is_zero())
         .then(|| tokio::spawn(gc::schedule(Arc::clone(&state))));
     // The job runner stops taking work as soon as shutdown begins and hands back the job it holds.
@@ -234,10 +194,6 @@ pub async fn serve(
     tracing::info!("registry stopped");
     Ok(())
 }
-
-/// The client's address, for handlers that need it (the token endpoint's failure counting).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ClientAddr(pub std::net::SocketAddr);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -311,153 +267,5 @@ async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
             format!("{}\n", problems.join("\n")),
         )
             .into_response()
-    }
-}
-
-/// Deleted manifests past their repository's retention window: what [`purge_deleted`] removes.
-pub(crate) async fn expired_deleted(
-    state: &AppState,
-) -> Result<Vec<(RepoName, Digest)>, storage::StorageError> {
-    const PAGE: u32 = 1000;
-    let now = storage::now_millis();
-    let cutoff = now - state.config.shortest_retention().as_millis() as i64;
-    let mut expired = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut since = i64::MIN;
-    loop {
-        let page = state.meta.deleted_before(since, cutoff, PAGE).await?;
-        let full = page.len() == PAGE as usize;
-        let last = page.last().map(|(_, _, at)| *at);
-        let mut new = 0;
-        for (repo, digest, deleted_at) in page {
-            if !seen.insert((repo.clone(), digest.clone())) {
-                continue;
-            }
-            new += 1;
-            let retention = state.config.retention_for(repo.as_str());
-            if deleted_at + retention.as_millis() as i64 <= now {
-                expired.push((repo, digest));
-            }
-        }
-        match last {
-            // Pages overlap on the last millisecond; one that brings nothing new moves past it.
-            Some(at) if full => since = if new == 0 { at + 1 } else { at },
-            _ => break,
-        }
-    }
-    Ok(expired)
-}
-
-/// Expired deleted versions removed in one transaction: the references they drop are queued as
-/// candidates once per batch, not once per version.
-const PURGE_BATCH: usize = 100;
-
-/// Removes every deleted manifest past its retention window for good. Returns how many went.
-pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
-    let expired = match expired_deleted(state).await {
-        Ok(rows) => rows,
-        Err(e) => {
-            tracing::warn!(error = %error::error_chain(&e), "janitor could not list deleted manifests");
-            return 0;
-        }
-    };
-    let mut purged = 0;
-    for batch in expired.chunks(PURGE_BATCH) {
-        match state.meta.purge_manifests(batch).await {
-            Ok(gone) => {
-                for (repo, digest) in &gone {
-                    tracing::info!(%repo, %digest, "deleted manifest removed for good after its retention window");
-                }
-                purged += gone.len() as u64;
-            }
-            Err(e) => {
-                tracing::warn!(versions = batch.len(), error = %error::error_chain(&e), "could not remove a batch of expired deleted manifests; the next pass tries again")
-            }
-        }
-    }
-    purged
-}
-
-/// Removes the bytes of packs begun before `cutoff` (the upload TTL) and never committed: a
-/// request that died between storing its pack and committing it. A pack on its way to being
-/// committed is younger than that.
-async fn sweep_uncommitted_packs(state: &AppState, cutoff: i64) {
-    let stale = match state.meta.stale_packs(cutoff, 1000).await {
-        Ok(stale) => stale,
-        Err(e) => {
-            tracing::warn!(error = %error::error_chain(&e), "janitor could not list uncommitted packs");
-            return;
-        }
-    };
-    for pack in stale {
-        let removed = async {
-            state.blobs.delete_pack(&pack).await?;
-            state.meta.drop_pack(&pack).await
-        }
-        .await;
-        match removed {
-            Ok(()) => tracing::info!(%pack, "janitor removed a pack that was never committed"),
-            Err(e) => {
-                tracing::warn!(%pack, error = %error::error_chain(&e), "could not remove an uncommitted pack")
-            }
-        }
-    }
-}
-
-/// Discards upload sessions that nobody has touched for the configured time, with their data.
-async fn janitor(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(state.config.janitor_interval);
-    loop {
-        tick.tick().await;
-        let cutoff = storage::now_millis() - state.config.upload_ttl.as_millis() as i64;
-        match state.meta.stale_uploads(cutoff, 1000).await {
-            Ok(stale) => {
-                for session in stale {
-                    let lock = state.sessions.get(&session.id);
-                    let _held = lock.lock().await;
-                    let removed = async {
-                        state.blobs.abort_upload(&session.id).await?;
-                        state.meta.delete_upload(&session.id).await
-                    }
-                    .await;
-                    state.sessions.remove(&session.id);
-                    match removed {
-                        Ok(()) => {
-                            tracing::info!(upload = %session.id, repo = %session.repository, "discarded stale upload session")
-                        }
-                        Err(e) => {
-                            tracing::warn!(upload = %session.id, error = %error::error_chain(&e), "could not discard stale upload")
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads")
-            }
-        }
-        purge_deleted(&state).await;
-        if let Err(e) = state.meta.drop_expired_leases(storage::now_millis()).await {
-            tracing::warn!(error = %error::error_chain(&e), "janitor could not drop expired leases");
-        }
-        match state.meta.expire_tags(storage::now_millis()).await {
-            Ok(expired) => {
-                for (repo, tag) in expired {
-                    tracing::info!(%repo, tag, "tag expired and was removed");
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %error::error_chain(&e), "janitor could not expire tags")
-            }
-        }
-        let cutoff = std::time::SystemTime::now() - state.config.upload_ttl;
-        match state.blobs.sweep(cutoff).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(removed = n, "janitor removed abandoned upload data"),
-            Err(e) => {
-                tracing::warn!(error = %error::error_chain(&e), "janitor could not sweep the blob store")
-            }
-        }
-        let pack_cutoff = storage::now_millis() - state.config.upload_ttl.as_millis() as i64;
-        sweep_uncommitted_packs(&state, pack_cutoff).await;
     }
 }

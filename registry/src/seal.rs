@@ -25,11 +25,11 @@ use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, Layout, TreeBu
 use vial_core::{media, Digest, RepoName, Tag, Target};
 use vial_oras_compat::{recognize, safe_path, Packing};
 
+use crate::state::AppState;
 use crate::storage::{
     CommitManifestError, ManifestRecord, Presence, RangeChunk, Source, StorageError,
     TagPrecondition,
 };
-use crate::AppState;
 
 /// The job kind under which seals run.
 pub const SEAL_JOB: &str = "seal";

@@ -13,10 +13,11 @@ use axum::response::{IntoResponse, Response};
 
 use crate::auth::{Action, Need};
 use crate::error::{ApiError, ErrorCode};
+use crate::front::ClientAddr;
 use crate::http::{is_plain_authority, Query, Request};
 use crate::route::{self, Endpoint};
+use crate::state::AppState;
 use crate::storage::Presence;
-use crate::{AppState, ClientAddr};
 
 /// Every `/v2/…` request comes through here, inside the span the front door opened for it
 /// (`front::request_span`), and is answered by `handle` (the API's or the cache's).
@@ -223,7 +224,7 @@ fn token_realm(state: &AppState, host: Option<&str>) -> String {
 /// grant): the token endpoint of the Docker token flow.
 pub(crate) async fn token(
     State(state): State<Arc<AppState>>,
-    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<crate::ClientAddr>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<crate::front::ClientAddr>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

@@ -10,7 +10,7 @@ use vial_core::{Digest, RepoName};
 
 use crate::error::ApiError;
 use crate::http::{set_header, Request};
-use crate::AppState;
+use crate::state::AppState;
 
 /// How long a presigned blob URL stays valid: long enough for a slow download to start, short
 /// enough that a leaked URL is soon useless.

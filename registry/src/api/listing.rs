@@ -7,7 +7,7 @@ use vial_core::{media, Digest, RepoName};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{json_listing, set_header, Request};
-use crate::AppState;
+use crate::state::AppState;
 
 /// Largest page a listing returns, whatever `n` asks for; more come through the `Link` header.
 const MAX_PAGE: u32 = 1000;

@@ -9,8 +9,8 @@ use vial_core::{media, Algorithm, RepoName, Tag, Target};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{append_header, set_header, Request};
+use crate::state::AppState;
 use crate::storage::{ManifestRecord, TagPrecondition};
-use crate::AppState;
 
 /// Manifests larger than this are hashed off the executor.
 const INLINE_HASH_LIMIT: usize = 256 * 1024;

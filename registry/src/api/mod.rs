@@ -5,7 +5,7 @@ mod blobs;
 mod listing;
 mod manifests;
 mod packs;
-mod sessions;
+pub(crate) mod sessions;
 mod sync;
 mod uploads;
 mod vial;
@@ -20,9 +20,10 @@ use axum::response::{IntoResponse, Response};
 pub use sessions::Sessions;
 
 use crate::error::{ApiError, ErrorCode};
+use crate::front::ClientAddr;
 use crate::http::Request;
 use crate::route::{self, Endpoint};
-use crate::{AppState, ClientAddr};
+use crate::state::AppState;
 
 /// The fallback handler of a registry that stores: every `/v2/…` request.
 pub(crate) async fn dispatch(

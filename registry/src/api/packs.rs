@@ -20,8 +20,8 @@ use vial_core::{Digest, RepoName};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request, MAX_PACK_BYTES, MAX_PACK_CHUNKS};
+use crate::state::AppState;
 use crate::storage::{BlobLocation, ByteRange, ByteStream, PackId, PackedChunk, VerifyFuture};
-use crate::AppState;
 
 /// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
 const MAX_LIST_BYTES: usize = 1 << 20;

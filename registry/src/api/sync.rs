@@ -11,9 +11,9 @@ use super::vial::await_job;
 use crate::error::{ApiError, ErrorCode};
 use crate::http::json;
 use crate::http::read_small_body;
+use crate::state::AppState;
 use crate::storage::{Job, JobState};
 use crate::sync::{check_spec, SpecError, SyncProgress, SyncSpec, SYNC_JOB};
-use crate::AppState;
 
 /// A sync request is a small JSON object.
 const MAX_SPEC_BODY: usize = 64 * 1024;

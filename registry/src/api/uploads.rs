@@ -8,8 +8,8 @@ use super::sessions::{hash_stream, tee_body, HashPipe, HashState};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request};
 use crate::route::parse_digest;
+use crate::state::AppState;
 use crate::storage::{now_millis, StorageError, UploadSession, VerifyFuture};
-use crate::AppState;
 
 /// `POST /v2/<name>/blobs/uploads/`: mount, monolithic upload, or a new session.
 pub(super) async fn start(

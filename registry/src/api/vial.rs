@@ -13,8 +13,8 @@ use vial_core::{Digest, RepoName};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::read_small_body;
 use crate::seal::SEAL_JOB;
+use crate::state::AppState;
 use crate::storage::{Job, JobState, Presence, Window};
-use crate::AppState;
 
 /// Most digests one existence check may ask about.
 pub const MAX_PRESENT_DIGESTS: usize = 4096;

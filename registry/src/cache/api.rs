@@ -13,10 +13,11 @@ use vial_core::{Digest, RepoName, Target};
 use super::flight::Failure;
 use super::{read_stored, Cache, Claim, Via};
 use crate::error::{ApiError, ErrorCode};
+use crate::front::ClientAddr;
 use crate::http::{set_header, Request};
 use crate::route::Endpoint;
+use crate::state::AppState;
 use crate::storage::ByteStream;
-use crate::{AppState, ClientAddr};
 
 /// The fallback handler of a cache: every `/v2/…` request.
 pub(crate) async fn dispatch(

@@ -21,8 +21,8 @@ use vial_core::volume::{build_layout_for, validate_path, ChunkRef, ChunkingInfo,
 use vial_core::{Digest, Reference, RepoName, Tag};
 
 use crate::seal::{chunk_and_store, commit_layout, Publish, SealError};
+use crate::state::AppState;
 use crate::storage::{CommitManifestError, Job, JobFile, Presence, StorageError, TagPrecondition};
-use crate::AppState;
 
 use remote::RemoteFile;
 

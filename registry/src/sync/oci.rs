@@ -233,7 +233,7 @@ fn classify(media_type: &str, bytes: &[u8]) -> Result<Kind, String> {
 async fn copy_blob(
     src: &Registry,
     repo: &vial_core::RepoName,
-    state: &Arc<crate::AppState>,
+    state: &Arc<crate::state::AppState>,
     dest: &vial_core::RepoName,
     digest: &Digest,
 ) -> Result<u64, SyncError> {

@@ -9,9 +9,9 @@ use super::{repo_url, Viewer};
 use crate::error::ApiError;
 use crate::gc::GC_JOB;
 use crate::seal::SEAL_JOB;
+use crate::state::AppState;
 use crate::storage::{Job, JobState};
 use crate::sync::SYNC_JOB;
-use crate::AppState;
 
 /// Jobs listed on the jobs page, and per repository.
 const JOBS_SHOWN: u32 = 100;

@@ -10,8 +10,8 @@ use vial_core::{RepoName, Tag};
 use super::layout::{self, bytes, copyable, short, time};
 use super::{page_number, query_param, repo_url, visible, Viewer};
 use crate::error::{ApiError, ErrorCode};
+use crate::state::AppState;
 use crate::storage::Window;
-use crate::AppState;
 
 /// Repositories on one page of the home page.
 const REPOS_PER_PAGE: usize = 100;

@@ -7,8 +7,8 @@ use vial_core::volume::{chunks_from_part, tree_from_manifest, Tree, VolumeIndex}
 use vial_core::{Digest, RepoName, Target};
 
 use crate::error::{ApiError, ErrorCode};
+use crate::state::AppState;
 use crate::storage::{read_located, StoredManifest};
-use crate::AppState;
 
 /// The largest tree blob or file header the UI reads into memory.
 const MAX_READ: u64 = 64 << 20;

@@ -26,7 +26,8 @@ use vial_core::{Digest, RepoName, Tag};
 
 use crate::auth::Action;
 use crate::error::ApiError;
-use crate::{AppState, ClientAddr};
+use crate::front::ClientAddr;
+use crate::state::AppState;
 
 /// Who is looking: `subject` once signed in; `auth` when the registry checks credentials at all;
 /// `host` is how clients name this registry in references (for the pinned references to copy).

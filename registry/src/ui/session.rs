@@ -7,7 +7,8 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 
 use super::{html_response, layout, Viewer};
-use crate::{AppState, ClientAddr};
+use crate::front::ClientAddr;
+use crate::state::AppState;
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "vial_session";

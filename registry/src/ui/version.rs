@@ -12,7 +12,7 @@ use super::data::{self, Opened};
 use super::layout::{self, bytes, copyable, short, time};
 use super::{query_param, repo_url, visible, Viewer};
 use crate::error::{ApiError, ErrorCode};
-use crate::AppState;
+use crate::state::AppState;
 
 /// Entries of a tree shown on a version's page.
 const ENTRIES_SHOWN: usize = 2000;

@@ -5,16 +5,18 @@
 //! before its row; manifest commits hold the rows of the blobs they reference, and blob commits
 //! check under their row lock that the bytes are still there.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use vial_core::Digest;
 
+pub(crate) mod report;
+pub use report::{GcMetrics, GcReport};
+
 use crate::error::error_chain;
+use crate::state::AppState;
 use crate::storage::{now_millis, BytesDeletion, Garbage, Job, PackId, StorageError};
-use crate::AppState;
 
 /// Candidates looked at per batch, and blobs removed per transaction.
 const BATCH: u32 = 1000;
@@ -27,35 +29,6 @@ pub const GC_JOB: &str = "gc";
 
 /// How often a pass that runs as a job records how far it has come.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-
-/// What a collection pass did, or would do.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct GcReport {
-    pub dry_run: bool,
-    /// Deleted versions past their retention window, removed for good first.
-    pub manifests_purged: u64,
-    pub blobs: u64,
-    /// Packs removed once no chunk lived in them (their bytes are counted in `bytes`; the
-    /// chunks that lived in them are counted in `blobs` but not in `bytes`).
-    pub packs: u64,
-    pub bytes: u64,
-    /// Candidates (blobs and packs) the pass looked at: new ones and ones that may have lost
-    /// their last reference since the last pass, never every blob.
-    pub examined: u64,
-    pub seconds: f64,
-    /// Of `seconds`, the time removing expired deleted versions took.
-    pub purge_seconds: f64,
-}
-
-/// Counters for `/metrics`.
-#[derive(Debug, Default)]
-pub struct GcMetrics {
-    /// When the last pass that collected ended (Unix milliseconds), and what it did.
-    last: std::sync::Mutex<Option<(i64, GcReport)>>,
-    pub runs: AtomicU64,
-    pub blobs: AtomicU64,
-    pub bytes: AtomicU64,
-}
 
 /// The last moment a blob may have been touched (or a pack created) for a pass to remove it: the
 /// grace period, plus the slack within which a touch is not written again (docs/gc.md).
@@ -130,7 +103,7 @@ pub async fn collect(
         last: started,
     };
     if dry_run {
-        let expired = crate::expired_deleted(state).await?;
+        let expired = crate::janitor::expired_deleted(state).await?;
         report.manifests_purged = expired.len() as u64;
         let cutoff = cutoff(&state.config);
         let estimate = state.meta.gc_estimate(&expired, cutoff, cutoff).await?;
@@ -138,7 +111,7 @@ pub async fn collect(
         report.packs = estimate.packs;
         report.bytes = estimate.bytes;
     } else {
-        report.manifests_purged = crate::purge_deleted(state).await;
+        report.manifests_purged = crate::janitor::purge_deleted(state).await;
         report.purge_seconds = started.elapsed().as_secs_f64();
         let cutoff = cutoff(&state.config);
         collect_blobs(state, cutoff, &mut report, &mut progress).await?;
@@ -325,34 +298,5 @@ pub async fn schedule(state: Arc<AppState>) {
         if let Err(e) = collect(&state, false, None).await {
             tracing::warn!(error = %error_chain(&e), "garbage collection pass failed");
         }
-    }
-}
-
-impl GcMetrics {
-    /// The last pass that collected (not a dry run) in this process: when it ended, what it did.
-    pub fn last(&self) -> Option<(i64, GcReport)> {
-        self.last.lock().ok().and_then(|l| l.clone())
-    }
-
-    pub fn render(&self, out: &mut String) {
-        use crate::metrics::write_counter;
-        write_counter(
-            out,
-            "vial_gc_runs_total",
-            "Garbage collection passes.",
-            &self.runs,
-        );
-        write_counter(
-            out,
-            "vial_gc_reclaimed_blobs_total",
-            "Blobs removed by garbage collection.",
-            &self.blobs,
-        );
-        write_counter(
-            out,
-            "vial_gc_reclaimed_bytes_total",
-            "Blob bytes removed by garbage collection.",
-            &self.bytes,
-        );
     }
 }
