@@ -83,6 +83,13 @@ impl ManifestMeta for SqlMetadataStore {
         .bind(now)
         .execute(&mut *tx)
         .await?;
+        // A new version is a push; a tag pointed at a version the repository already held (`vial
+        // tag set`, `crane tag`, `oras tag`) is a tag move.
+        let reason = if inserted.rows_affected() > 0 {
+            "push"
+        } else {
+            "tag"
+        };
         if inserted.rows_affected() > 0 {
             // One statement per kind of reference, however many the manifest lists. Blobs by
             // their ids (every one has a row: checked above, and held until this commits).
@@ -173,7 +180,7 @@ impl ManifestMeta for SqlMetadataStore {
                     before.as_deref(),
                     Some(manifest.digest.as_str()),
                     manifest.pushed_by.as_deref(),
-                    "push",
+                    reason,
                 )
                 .await?;
             }
