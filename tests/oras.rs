@@ -276,6 +276,22 @@ fn oras_files_directories_and_tarballs_are_sealed_and_read_back_byte_for_byte() 
     assert_eq!(dir["files"], 2, "the directory's two files: {dir}");
     let tar = seal(home.path(), &format!("{}/oras/tar:v1", server.addr));
     assert_eq!(tar["files"], 2, "{tar}");
+    // Without --json, stdout is the volume's pinned reference alone; stderr names the artifact.
+    let out = vial(
+        home.path(),
+        &["seal", &format!("{}/oras/tar:v1", server.addr)],
+    );
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        tar["reference"].as_str().unwrap()
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("artifact {}/oras/tar@", server.addr))
+            && said.contains("the volume's pinned reference"),
+        "{said}"
+    );
     // The same directory packed two ways seals to the same tree, so the same chunks.
     let dir_chunks = chunk_digests(&server, "oras/dir", dir["volume"].as_str().unwrap());
     let tar_chunks = chunk_digests(&server, "oras/tar", tar["volume"].as_str().unwrap());

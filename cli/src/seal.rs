@@ -71,8 +71,10 @@ pub fn run(args: SealArgs) -> anyhow::Result<()> {
                 "chunks": version.tree.chunks.len(),
             }))?;
         } else {
+            // The artifact's reference goes to stderr and says what it is, so that the one line
+            // on stdout, the volume's pinned reference, is the result.
             eprintln!(
-                "sealed {} ({}, {}, {})",
+                "artifact {} sealed into a volume ({}, {}, {}); the volume's pinned reference:",
                 reference.pinned(from.clone()),
                 count(version.tree.file_count() as u64, "file"),
                 human_bytes(version.tree.total_bytes()),
