@@ -92,7 +92,10 @@ fn a_deleted_version_is_hidden_listed_and_restored_with_or_without_its_tags() {
             &format!("{volume}:prod"),
             h.join("out").to_str().unwrap(),
         ],
-        "not found",
+        &format!(
+            "weights/life:prod, version weights/life@{}, was deleted at",
+            digest_of(&v1)
+        ),
     );
     assert_eq!(
         digests(&json(h, &["versions", &volume, "--json"])),
@@ -351,8 +354,8 @@ fn tags_keep_their_history_obey_protection_rules_and_expire() {
     assert_eq!(
         moves,
         vec![
-            ("push", None, Some(digest_of(&p3))),
-            ("push", Some(digest_of(&p3)), Some(digest_of(&p4))),
+            ("tag", None, Some(digest_of(&p3))),
+            ("tag", Some(digest_of(&p3)), Some(digest_of(&p4))),
             ("delete", Some(digest_of(&p4)), None),
         ]
     );
@@ -385,5 +388,5 @@ fn tags_keep_their_history_obey_protection_rules_and_expire() {
         .map(|t| t["tag"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["latest", "v1"]);
-    assert_eq!(history(h), vec!["push", "expired"]);
+    assert_eq!(history(h), vec!["tag", "expired"]);
 }

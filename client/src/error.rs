@@ -21,6 +21,8 @@ pub enum ClientError {
         what: String,
         deleted_at: String,
         restorable_until: String,
+        /// The deleted version's digest, when the registry names it.
+        version: Option<String>,
     },
     #[error("authentication required by {registry}: run `vial login {registry}` or add credentials to ~/.docker/config.json")]
     Unauthorized { registry: String },

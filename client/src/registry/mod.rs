@@ -405,6 +405,7 @@ impl Registry {
                     what: action.to_owned(),
                     deleted_at: field("deleted_at"),
                     restorable_until: field("restorable_until"),
+                    version: Some(field("digest")).filter(|d| !d.is_empty()),
                 }
             }
             StatusCode::PRECONDITION_FAILED => ClientError::TagMoved {
@@ -717,11 +718,28 @@ impl Registry {
         match r.status() {
             StatusCode::OK => {}
             StatusCode::NOT_FOUND => {
-                let err = self.error(r, &format!("{repo}@{reference}")).await;
+                let what = match target {
+                    Target::Tag(t) => format!("{repo}:{t}"),
+                    Target::Digest(d) => format!("{repo}@{d}"),
+                };
+                let err = self.error(r, &what).await;
                 return match err {
                     ClientError::RepositoryNotFound(_) => {
                         Err(ClientError::RepositoryNotFound(repo.to_string()))
                     }
+                    // A tag the registry removed when its version was deleted: name the version,
+                    // which is what `vial restore` takes.
+                    ClientError::Deleted {
+                        what,
+                        deleted_at,
+                        restorable_until,
+                        version: Some(version),
+                    } if matches!(target, Target::Tag(_)) => Err(ClientError::Deleted {
+                        what: format!("{what}, version {repo}@{version},"),
+                        deleted_at,
+                        restorable_until,
+                        version: Some(version),
+                    }),
                     ClientError::Deleted { .. } => Err(err),
                     _ => Ok(None),
                 };

@@ -24,7 +24,7 @@ pub(super) async fn get(
     let Some(manifest) = state.meta.get_manifest(repo, target).await? else {
         return Err(match target {
             Target::Digest(d) => deleted_or_unknown(state, repo, d).await?,
-            Target::Tag(_) => manifest_unknown(repo, target),
+            Target::Tag(tag) => tag_gone_or_unknown(state, repo, tag).await?,
         });
     };
     let length = manifest.content.len();
@@ -361,25 +361,85 @@ async fn deleted_or_unknown(
     repo: &RepoName,
     digest: &vial_core::Digest,
 ) -> Result<ApiError, ApiError> {
-    let unknown = manifest_unknown(repo, &Target::Digest(digest.clone()));
-    let Some((deleted_at, by)) = state.meta.deleted_manifest(repo, digest).await? else {
+    let Some(deleted) = restorable(state, repo, digest).await? else {
+        return Ok(manifest_unknown(repo, &Target::Digest(digest.clone())));
+    };
+    Ok(ApiError::not_found(
+        ErrorCode::ManifestUnknown,
+        format!(
+            "{repo}@{digest} was deleted at {}; it can be restored until {}",
+            deleted.at, deleted.until
+        ),
+    )
+    .with_detail(deleted.detail(digest)))
+}
+
+/// The 404 for a tag: for a tag removed when the version it pointed at was deleted, within the
+/// version's retention window, which version that was and until when both can be restored.
+async fn tag_gone_or_unknown(
+    state: &AppState,
+    repo: &RepoName,
+    tag: &Tag,
+) -> Result<ApiError, ApiError> {
+    let unknown = manifest_unknown(repo, &Target::Tag(tag.clone()));
+    let last = state
+        .meta
+        .tag_history(repo, tag)
+        .await?
+        .and_then(|h| h.into_iter().last());
+    let Some(digest) = last
+        .filter(|e| e.reason == "version-deleted")
+        .and_then(|e| e.from)
+    else {
         return Ok(unknown);
+    };
+    let Some(deleted) = restorable(state, repo, &digest).await? else {
+        return Ok(unknown);
+    };
+    Ok(ApiError::not_found(
+        ErrorCode::ManifestUnknown,
+        format!(
+            "{repo}:{tag} was removed when its version {digest} was deleted at {}; `vial restore \
+             {repo}@{digest} --tags` brings both back until {}",
+            deleted.at, deleted.until
+        ),
+    )
+    .with_detail(deleted.detail(&digest)))
+}
+
+/// A deleted version that can still be restored: when it was deleted, by whom, and until when.
+struct Restorable {
+    at: String,
+    by: Option<String>,
+    until: String,
+}
+
+impl Restorable {
+    fn detail(&self, digest: &vial_core::Digest) -> serde_json::Value {
+        serde_json::json!({
+            "digest": digest, "deleted_at": self.at, "deleted_by": self.by,
+            "restorable_until": self.until,
+        })
+    }
+}
+
+async fn restorable(
+    state: &AppState,
+    repo: &RepoName,
+    digest: &vial_core::Digest,
+) -> Result<Option<Restorable>, ApiError> {
+    let Some((deleted_at, by)) = state.meta.deleted_manifest(repo, digest).await? else {
+        return Ok(None);
     };
     let until = deleted_at + state.config.retention_for(repo.as_str()).as_millis() as i64;
     if until <= crate::storage::now_millis() {
-        return Ok(unknown);
+        return Ok(None);
     }
-    let (at, until) = (
-        super::vial::rfc3339(deleted_at),
-        super::vial::rfc3339(until),
-    );
-    Ok(ApiError::not_found(
-        ErrorCode::ManifestUnknown,
-        format!("{repo}@{digest} was deleted at {at}; it can be restored until {until}"),
-    )
-    .with_detail(serde_json::json!({
-        "deleted_at": at, "deleted_by": by, "restorable_until": until,
-    })))
+    Ok(Some(Restorable {
+        at: super::vial::rfc3339(deleted_at),
+        by,
+        until: super::vial::rfc3339(until),
+    }))
 }
 
 fn manifest_unknown(repo: &RepoName, target: &Target) -> ApiError {
