@@ -748,3 +748,64 @@ fn a_follower_reading_through_the_cache_tier_hears_moves_at_the_origin() {
     );
     crate::support::assert_matrix_stores_unused(&cache);
 }
+
+/// A follower whose stdout and stderr go to one file (`>log 2>&1`, as a service manager or a
+/// newcomer capturing output would) says each switch once: the log line that repeats it for a
+/// separate log is left out when the log is the same file.
+#[test]
+fn a_follower_writing_stdout_and_stderr_to_one_file_says_each_switch_once() {
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let (v1, v2) = (home.path().join("v1"), home.path().join("v2"));
+    write_checkpoint(&v1, 0, &[]);
+    write_checkpoint(&v2, 1, &["s0.layer.0.ffn.weight"]);
+    let reference = format!("{}/weights/once:prod", server.addr);
+    push(home.path(), &v1, &reference);
+    let log = home.path().join("follow.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(vial_bin())
+        .args([
+            "pull",
+            "--follow",
+            &reference,
+            home.path().join("follow").to_str().unwrap(),
+        ])
+        .env("HOME", home.path())
+        .env("XDG_CACHE_HOME", home.path().join("cache"))
+        .env("DOCKER_CONFIG", home.path().join("docker"))
+        .env("VIAL_LOG", "info")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let switches = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("switched to")
+            .count()
+    };
+    let wait = |n: usize| {
+        let start = Instant::now();
+        while switches() < n {
+            assert!(
+                start.elapsed() < HANG,
+                "no switch {n} in: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait(1);
+    push(home.path(), &v2, &reference);
+    wait(2);
+    // Time for a duplicate to appear, if one were coming.
+    std::thread::sleep(Duration::from_millis(500));
+    signal(child.id(), "TERM");
+    crate::support::wait_timeout(&mut child, Duration::from_secs(20));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(switches(), 2, "{text}");
+    assert!(
+        text.contains("stopped following"),
+        "the log still reaches the file: {text}"
+    );
+}

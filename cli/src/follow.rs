@@ -28,10 +28,12 @@ pub struct PullFollow {
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Prints one line about a follower's state on stdout (text for a person, or one JSON object per
-/// line) and logs it. A stdout nobody reads any more (a background mount's) is not an error.
+/// line), and logs it where the log is elsewhere (a service's stdout and journal), so that the
+/// log tells the story too; never twice into one terminal or file. A stdout nobody reads any more
+/// (a background mount's) is not an error.
 pub fn say(json: bool, value: serde_json::Value, text: &str) {
     use std::io::{IsTerminal, Write};
-    if !std::io::stdout().is_terminal() {
+    if !std::io::stdout().is_terminal() && !stdout_is_stderr() {
         tracing::info!("{text}");
     }
     let mut out = std::io::stdout().lock();
@@ -41,6 +43,17 @@ pub fn say(json: bool, value: serde_json::Value, text: &str) {
         writeln!(out, "{text}")
     };
     let _ = out.flush();
+}
+
+/// Whether stdout and stderr (where the log goes) are one file or pipe: `>log 2>&1`.
+fn stdout_is_stderr() -> bool {
+    match (
+        std::fs::read_link("/proc/self/fd/1"),
+        std::fs::read_link("/proc/self/fd/2"),
+    ) {
+        (Ok(out), Ok(err)) => out == err,
+        _ => false,
+    }
 }
 
 /// The line printed for a switch.
