@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The crates of the workspace, by folder.
-const CRATES: [&str; 7] = [
+const CRATES: [&str; 8] = [
     "core",
+    "io",
     "registry",
     "client",
     "snapshotter",
@@ -61,7 +62,7 @@ fn dependencies(krate: &str) -> BTreeSet<String> {
 /// ARCHITECTURE.md's layers: what each crate must never depend on.
 #[test]
 fn each_crate_depends_only_on_what_its_layer_allows() {
-    let forbidden: [(&str, &[&str]); 6] = [
+    let forbidden: [(&str, &[&str]); 7] = [
         // The format: no I/O, no HTTP, SQL, S3 or FUSE, no other vial crate.
         (
             "core",
@@ -73,6 +74,17 @@ fn each_crate_depends_only_on_what_its_layer_allows() {
                 "sqlx",
                 "aws-sdk-s3",
                 "fuser",
+                "vial-client",
+                "vial-registry",
+                "vial-snapshotter",
+            ],
+        ),
+        // Buffers and O_DIRECT writes: below every crate that moves bytes, above none.
+        (
+            "io",
+            &[
+                "tokio",
+                "vial-core",
                 "vial-client",
                 "vial-registry",
                 "vial-snapshotter",
@@ -455,7 +467,8 @@ fn no_new_circle_of_files_in_any_crate() {
     );
 }
 
-/// The registry's floors (ARCHITECTURE.md): storage knows no HTTP and no router; what the routers
+/// The registry's floors (ARCHITECTURE.md): storage knows no HTTP, no router and not the client
+/// crate; what the routers
 /// share knows no router; the API and the cache tier are siblings that never import each other.
 #[test]
 fn the_registry_imports_only_downwards() {
@@ -480,6 +493,9 @@ fn the_registry_imports_only_downwards() {
         let code = std::fs::read_to_string(file).unwrap();
         if from.starts_with("storage/") && code.contains("axum") {
             broken.push(format!("{from} knows HTTP (axum)"));
+        }
+        if from.starts_with("storage/") && code.contains("vial_client") {
+            broken.push(format!("{from} imports the client crate"));
         }
     }
     assert!(broken.is_empty(), "{broken:#?}");

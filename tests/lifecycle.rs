@@ -93,7 +93,7 @@ fn a_deleted_version_is_hidden_listed_and_restored_with_or_without_its_tags() {
             h.join("out").to_str().unwrap(),
         ],
         &format!(
-            "weights/life:prod, version weights/life@{}, was deleted at",
+            "weights/life:prod, version {}, was deleted at",
             digest_of(&v1)
         ),
     );

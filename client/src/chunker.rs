@@ -12,8 +12,8 @@ use vial_core::chunking::Cutter;
 use vial_core::safetensors::{Segment, SegmentKind};
 use vial_core::{Algorithm, Digest};
 
-use crate::aligned::{Aligned, ALIGN};
 use crate::ClientError;
+use vial_io::{Aligned, ALIGN};
 
 /// Positional reads of a file being pushed.
 struct OnDisk<'a> {

@@ -4,7 +4,6 @@
 //! Start at [`Registry`] for the HTTP side, [`push::push`] and [`pull::pull`] for the volume
 //! operations. The `vial` CLI and the mount both build on this crate; neither speaks HTTP itself.
 
-pub mod aligned;
 pub mod auth;
 mod chunker;
 pub mod copy;

@@ -24,11 +24,11 @@ use vial_core::safetensors::Segment;
 use vial_core::volume::{build_layout, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
 use vial_core::{media, Digest, RepoName};
 
-use crate::aligned::BufferPool;
 use crate::chunker::{self, FileChunk, ReadBuffers};
 use crate::progress::{Event, Progress};
 use crate::scan::{self, LocalIndex, Scanned, Stamp};
 use crate::{ClientError, Registry};
+use vial_io::BufferPool;
 
 /// Digests per existence check, the extension's limit.
 const CHECK_BATCH: usize = crate::registry::PRESENT_BATCH;

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use vial_client::aligned::write_direct;
 use vial_core::{Algorithm, Digest};
+use vial_io::write_direct;
 
 use crate::stats::Stats;
 
@@ -516,7 +516,7 @@ impl ChunkCache {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use vial_client::aligned::ALIGN;
+    use vial_io::ALIGN;
 
     fn chunk(i: u8) -> (Digest, Vec<u8>) {
         let bytes = vec![i; 30 * 1024 * 1024];

@@ -9,9 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::Semaphore;
-use vial_client::aligned::{Aligned, BufferPool};
 use vial_client::{ClientError, Registry};
 use vial_core::{Digest, RepoName};
+use vial_io::{Aligned, BufferPool};
 
 use crate::cache::{CacheError, ChunkCache};
 use crate::stats::{InFlight, Stats};

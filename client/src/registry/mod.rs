@@ -401,11 +401,17 @@ impl Registry {
                         .unwrap_or_default()
                         .to_owned()
                 };
+                let version = Some(field("digest")).filter(|d| !d.is_empty());
+                // A tag removed with its version: name the version, which `vial restore` takes.
+                let what = match &version {
+                    Some(v) if !action.contains(v.as_str()) => format!("{action}, version {v},"),
+                    _ => action.to_owned(),
+                };
                 ClientError::Deleted {
-                    what: action.to_owned(),
+                    what,
                     deleted_at: field("deleted_at"),
                     restorable_until: field("restorable_until"),
-                    version: Some(field("digest")).filter(|d| !d.is_empty()),
+                    version,
                 }
             }
             StatusCode::PRECONDITION_FAILED => ClientError::TagMoved {
@@ -727,19 +733,6 @@ impl Registry {
                     ClientError::RepositoryNotFound(_) => {
                         Err(ClientError::RepositoryNotFound(repo.to_string()))
                     }
-                    // A tag the registry removed when its version was deleted: name the version,
-                    // which is what `vial restore` takes.
-                    ClientError::Deleted {
-                        what,
-                        deleted_at,
-                        restorable_until,
-                        version: Some(version),
-                    } if matches!(target, Target::Tag(_)) => Err(ClientError::Deleted {
-                        what: format!("{what}, version {repo}@{version},"),
-                        deleted_at,
-                        restorable_until,
-                        version: Some(version),
-                    }),
                     ClientError::Deleted { .. } => Err(err),
                     _ => Ok(None),
                 };

@@ -20,7 +20,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 
-use vial_client::aligned::{Aligned, ALIGN};
+use vial_io::{Aligned, ALIGN};
 
 /// Bytes gathered before each write: large enough to keep the disk streaming, small enough that
 /// dozens of concurrent uploads stay within a few tens of MiB.

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::io::ReaderStream;
-use vial_client::aligned::{BufferPool, ALIGN};
 use vial_core::Digest;
+use vial_io::{BufferPool, ALIGN};
 
 use super::direct::UploadWriter;
 use super::{BlobStore, ByteRange, ByteStream, PackId, StorageError, VerifyFuture};

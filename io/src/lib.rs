@@ -1,8 +1,10 @@
-//! Page-aligned buffers, and a pool that reuses them.
+//! vial-io: page-aligned buffers, a pool that reuses them, and O_DIRECT writes. Its own crate so
+//! that the client, the registry's storage and the node cache share them without the registry
+//! importing the client.
 //!
 //! O_DIRECT reads and writes need a buffer that starts on a block boundary, and the kernel copies
-//! file bytes into a misaligned one at a fraction of the speed (../shared/LIMITS.md measured 1.8
-//! against 9-11 GB/s). Memory a process touches for the first time costs a page fault per 4 KiB,
+//! file bytes into a misaligned one at a fraction of the speed (measured here: 1.8 against
+//! 9-11 GB/s). Memory a process touches for the first time costs a page fault per 4 KiB,
 //! which on the VMs vial is measured on is about a second of system time per GiB, so buffers that
 //! carry every byte of a transfer are reused rather than allocated per read. Used by `vial push`
 //! (read and pack buffers), the registry (uploads written and blobs read) and the mount (chunks
