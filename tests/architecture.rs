@@ -467,22 +467,30 @@ fn no_new_circle_of_files_in_any_crate() {
     );
 }
 
-/// The registry's floors (ARCHITECTURE.md): storage knows no HTTP, no router and not the client
-/// crate; what the routers
-/// share knows no router; the API and the cache tier are siblings that never import each other.
+/// The registry's floors (ARCHITECTURE.md): below the routers (the service floor, the work it
+/// runs, storage) nothing knows HTTP, imports a router or the routers' `AppState`; storage also
+/// knows neither the service nor the client crate; what the routers share knows no router; the API
+/// and the cache tier are siblings that never import each other.
 #[test]
 fn the_registry_imports_only_downwards() {
     let src = root().join("registry/src");
     let graph = import_graph(&src);
     let rel = |p: &Path| p.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
     let routers = ["api/", "cache/", "ui/", "v2.rs", "lib.rs"];
+    // What a router may ask for and nothing below may: the handlers' state, HTTP's pieces.
+    let http_side = ["state.rs", "http.rs", "front.rs", "listener.rs"];
+    let below = ["service/", "storage/", "seal.rs", "sync/", "jobs.rs"];
     let mut broken = Vec::new();
     for (file, targets) in &graph {
         let from = rel(file);
+        let is_below = below.iter().any(|b| from.starts_with(b));
         for target in targets {
             let to = rel(target);
             let into_router = routers.iter().any(|r| to.starts_with(r));
-            let wrong = (from.starts_with("storage/") && (into_router || to == "http.rs"))
+            let wrong = (is_below && (into_router || http_side.contains(&to.as_str())))
+                || (from.starts_with("storage/")
+                    && !to.starts_with("storage/")
+                    && below.iter().any(|b| to.starts_with(b)))
                 || (from == "http.rs" && into_router)
                 || (from.starts_with("api/") && to.starts_with("cache/"))
                 || (from.starts_with("cache/") && to.starts_with("api/"));
@@ -490,15 +498,71 @@ fn the_registry_imports_only_downwards() {
                 broken.push(format!("{from} imports {to}"));
             }
         }
-        let code = std::fs::read_to_string(file).unwrap();
-        if from.starts_with("storage/") && code.contains("axum") {
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        if is_below && code.contains("axum") {
             broken.push(format!("{from} knows HTTP (axum)"));
+        }
+        if is_below && code.contains("AppState") {
+            broken.push(format!("{from} takes the routers' AppState"));
         }
         if from.starts_with("storage/") && code.contains("vial_client") {
             broken.push(format!("{from} imports the client crate"));
         }
     }
     assert!(broken.is_empty(), "{broken:#?}");
+}
+
+/// A write that is one step of a protocol over both stores (storing bytes, or the rows that name
+/// them) is made only in the service floor, where the protocol's order is written once; storage
+/// implements those writes and garbage collection (in the service floor too) removes. Everything
+/// else calls the service.
+#[test]
+fn only_the_service_floor_writes_both_stores() {
+    let src = root().join("registry/src");
+    let mut broken = Vec::new();
+    for file in sources(&src) {
+        let from = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if from.starts_with("service/") || from.starts_with("storage/") {
+            continue;
+        }
+        for step in store_writes(&code_of(&std::fs::read_to_string(&file).unwrap())) {
+            broken.push(format!("{from} calls {step}…) on a store itself"));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}
+
+/// The steps of two-store protocols that `code` takes on a store itself (`….blobs.put_pack(`).
+fn store_writes(code: &str) -> Vec<&'static str> {
+    const STEPS: [&str; 11] = [
+        ".put(",
+        ".put_streamed(",
+        ".put_pack(",
+        ".delete_pack(",
+        ".commit_upload(",
+        ".abort_upload(",
+        ".commit_blob(",
+        ".begin_pack(",
+        ".commit_pack(",
+        ".drop_pack(",
+        ".delete_upload(",
+    ];
+    // Method calls split over lines (`state\n.blobs\n.put(`) read as one.
+    let code: String = code.split_whitespace().collect();
+    STEPS
+        .into_iter()
+        .filter(|step| {
+            code.match_indices(step).any(|(at, _)| {
+                // The cache tier's own store is not one of the registry's two.
+                let before = &code[..at];
+                before.ends_with("blobs") || before.ends_with("meta")
+            })
+        })
+        .collect()
 }
 
 /// The checker itself: a circle it is shown is a circle it finds, and use trees expand.
@@ -528,5 +592,9 @@ fn the_checker_sees_use_trees_and_circles() {
     let code =
         code_of("use crate::a;\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\nfn f() {}\n");
     assert!(code.contains("crate::a") && !code.contains("super") && code.contains("fn f"));
+    let protocol =
+        "state\n        .blobs\n        .put_pack(&id, body).await?;\nstate.meta.drop_pack(&id)";
+    assert_eq!(store_writes(protocol), [".put_pack(", ".drop_pack("]);
+    assert!(store_writes("state.put_blob(repo, digest, bytes); cache.put(digest)").is_empty());
     assert!(!code.contains("kid"), "a re-export is not a use");
 }

@@ -56,7 +56,7 @@ pub(crate) fn layers(router: Router, limits: &Limits) -> Router {
         .layer(CompressionLayer::new().compress_when(ListingsOnly))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(
-            // The span only: `api::dispatch` logs each request's outcome with its endpoint.
+            // The span only: `v2::enter` logs each request's outcome with its endpoint.
             TraceLayer::new_for_http()
                 .make_span_with(request_span)
                 .on_request(())

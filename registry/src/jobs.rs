@@ -14,9 +14,9 @@ use tokio::sync::watch;
 use vial_core::Digest;
 
 use crate::error::error_chain;
-use crate::gc::GC_JOB;
 use crate::seal::{seal, SEAL_JOB};
-use crate::state::AppState;
+use crate::service::gc::GC_JOB;
+use crate::service::Service;
 use crate::storage::{now_millis, Job, JobOutcome};
 use crate::sync::SYNC_JOB;
 
@@ -29,7 +29,7 @@ const MAX_ATTEMPTS: i64 = 5;
 
 /// Runs jobs until `stop` turns true; a job running then is handed back for another attempt.
 /// Up to [`PARALLEL_JOBS`] run at once, so a long sync does not hold up the seals queued behind it.
-pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
+pub async fn run(service: Arc<Service>, mut stop: watch::Receiver<bool>) {
     tracing::info!("background job runner started");
     let slots = Arc::new(tokio::sync::Semaphore::new(PARALLEL_JOBS));
     let mut running = tokio::task::JoinSet::new();
@@ -37,9 +37,9 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             break;
         };
-        let job = match state
+        let job = match service
             .meta
-            .claim_job(state.config.job_lease.as_millis() as i64)
+            .claim_job(service.config.job_lease.as_millis() as i64)
             .await
         {
             Ok(job) => job,
@@ -51,15 +51,15 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
         let Some(job) = job else {
             drop(slot);
             tokio::select! {
-                () = state.jobs.wake.notified() => {}
+                () = service.jobs.wake.notified() => {}
                 () = tokio::time::sleep(POLL) => {}
                 _ = stop.changed() => {}
             }
             continue;
         };
-        let (state, mut stop) = (Arc::clone(&state), stop.clone());
+        let (service, mut stop) = (Arc::clone(&service), stop.clone());
         running.spawn(async move {
-            run_one(&state, job, &mut stop).await;
+            run_one(&service, job, &mut stop).await;
             drop(slot);
         });
         // Reap finished tasks so the set does not grow.
@@ -69,7 +69,7 @@ pub async fn run(state: Arc<AppState>, mut stop: watch::Receiver<bool>) {
     while running.join_next().await.is_some() {}
 }
 
-async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<bool>) {
+async fn run_one(service: &Arc<Service>, job: Job, stop: &mut watch::Receiver<bool>) {
     tracing::info!(job = %job.id, kind = %job.kind, repo = job.scope(), target = %job.target, attempt = job.attempts, "job started");
     let outcome = if job.attempts > MAX_ATTEMPTS {
         JobOutcome::Failed(format!(
@@ -77,16 +77,16 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
             job.error.as_deref().unwrap_or("none recorded")
         ))
     } else {
-        let work = execute(state, &job);
+        let work = execute(service, &job);
         let renew = async {
             loop {
-                tokio::time::sleep(state.config.job_lease / 3).await;
-                match state
+                tokio::time::sleep(service.config.job_lease / 3).await;
+                match service
                     .meta
                     .renew_job(
                         &job.id,
                         job.attempts,
-                        state.config.job_lease.as_millis() as i64,
+                        service.config.job_lease.as_millis() as i64,
                     )
                     .await
                 {
@@ -122,8 +122,11 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
             tracing::warn!(job = %job.id, kind = %job.kind, repo = job.scope(), target = %job.target, error, "job will be retried")
         }
     }
-    let recorded = state.meta.finish_job(&job.id, job.attempts, &outcome).await;
-    state.jobs.finished.notify_waiters();
+    let recorded = service
+        .meta
+        .finish_job(&job.id, job.attempts, &outcome)
+        .await;
+    service.jobs.finished.notify_waiters();
     match recorded {
         Ok(true) => {}
         Ok(false) => {
@@ -135,7 +138,7 @@ async fn run_one(state: &Arc<AppState>, job: Job, stop: &mut watch::Receiver<boo
     }
 }
 
-async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
+async fn execute(service: &Arc<Service>, job: &Job) -> JobOutcome {
     match job.kind.as_str() {
         SEAL_JOB => {
             let (Some(repo), Ok(subject)) = (&job.repository, Digest::parse(&job.target)) else {
@@ -145,7 +148,7 @@ async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
                     job.scope()
                 ));
             };
-            match seal(state, repo, &subject).await {
+            match seal(service, repo, &subject).await {
                 Ok(volume) => JobOutcome::Done(volume.to_string()),
                 Err(e) if e.is_transient() => JobOutcome::Retry {
                     error: error_chain(&e),
@@ -155,7 +158,7 @@ async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
                 Err(e) => JobOutcome::Failed(error_chain(&e)),
             }
         }
-        SYNC_JOB => match crate::sync::run(state, job).await {
+        SYNC_JOB => match crate::sync::run(service, job).await {
             Ok(version) => JobOutcome::Done(version.to_string()),
             Err(e) if e.is_transient() => JobOutcome::Retry {
                 error: error_chain(&e),
@@ -165,7 +168,7 @@ async fn execute(state: &Arc<AppState>, job: &Job) -> JobOutcome {
         },
         // A pass that fails is not tried again here: the next one, scheduled or asked for,
         // starts from whatever this one left.
-        GC_JOB => match crate::gc::collect(state, false, Some(job)).await {
+        GC_JOB => match crate::service::gc::collect(service, false, Some(job)).await {
             Ok(report) => JobOutcome::Done(serde_json::to_string(&report).unwrap_or_default()),
             Err(e) => JobOutcome::Failed(error_chain(&e)),
         },

@@ -2,8 +2,8 @@
 //!
 //! Start reading at [`serve`], which opens the configured backends and runs the HTTP server until a
 //! shutdown signal; then `v2::enter`, which turns every `/v2/…` request into a typed
-//! [`route::Endpoint`], authorizes it and hands it to the API (`api::dispatch`, one handler module
-//! per resource) or, in a cache, to the cache tier (`cache::api::dispatch`). Storage sits behind the
+//! [`route::Endpoint`], authorizes it and hands it to the API (`api::Api`, one handler module
+//! per resource) or, in a cache, to the cache tier (`cache::api::Tier`). Storage sits behind the
 //! [`storage::BlobStore`] and [`storage::MetadataStore`] traits.
 
 mod api;
@@ -12,14 +12,13 @@ mod cache;
 pub mod config;
 pub mod error;
 mod front;
-pub mod gc;
 mod http;
-mod janitor;
 mod jobs;
 mod listener;
 mod metrics;
 pub mod route;
 mod seal;
+pub mod service;
 mod state;
 pub mod storage;
 pub mod sync;
@@ -85,15 +84,8 @@ pub fn app(
         .transpose()
         .map_err(ServeError::Cache)?;
     let state = Arc::new(AppState {
-        meta,
-        blobs,
-        config,
-        sessions: api::Sessions::default(),
-        metrics: Arc::new(metrics::Metrics::default()),
+        service: Arc::new(service::Service::new(config, meta, blobs)),
         auth,
-        jobs: state::JobQueue::default(),
-        gc_turn: tokio::sync::Mutex::new(()),
-        gc_metrics: gc::GcMetrics::default(),
         upload_slots: Arc::default(),
         cache,
         tag_watch: std::sync::OnceLock::new(),
@@ -110,9 +102,9 @@ pub fn app(
         .route("/ui/{*page}", axum::routing::any(ui::handle));
     // A cache answers `/v2/…` from what it holds and its upstream; a registry from its stores.
     let router = if state.cache.is_some() {
-        router.fallback(cache::api::dispatch)
+        router.fallback(v2::enter::<cache::api::Tier>)
     } else {
-        router.fallback(api::dispatch)
+        router.fallback(v2::enter::<api::Api>)
     }
     .with_state(Arc::clone(&state));
     let router = front::layers(router, &state.config.limits);
@@ -145,13 +137,14 @@ pub async fn serve(
             tokio::spawn(async move { cache.peers.find_myself().await });
         }
     }
-    let janitor = (!caching).then(|| tokio::spawn(janitor::run(Arc::clone(&state))));
+    let janitor =
+        (!caching).then(|| tokio::spawn(service::upkeep::run(Arc::clone(&state.service))));
     let collector = (!caching && !state.config.gc_interval.is_zero())
-        .then(|| tokio::spawn(gc::schedule(Arc::clone(&state))));
+        .then(|| tokio::spawn(service::gc::schedule(Arc::clone(&state.service))));
     // The job runner stops taking work as soon as shutdown begins and hands back the job it holds.
     let (stop_jobs, stopped) = tokio::sync::watch::channel(false);
     let runner = (state.config.run_jobs && !caching)
-        .then(|| tokio::spawn(jobs::run(Arc::clone(&state), stopped)));
+        .then(|| tokio::spawn(jobs::run(Arc::clone(&state.service), stopped)));
     let watching = Arc::clone(&state);
     let shutdown = async move {
         shutdown.await;

@@ -20,16 +20,14 @@ use tokio::sync::mpsc;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 use vial_core::chunker::{self, is_safetensors_name, Sequential, SequentialError, Window};
 use vial_core::chunking::{Cutter, DEFAULT_PARAMS};
-use vial_core::manifest::{summarize, Descriptor, ImageManifest};
-use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
-use vial_core::{media, Digest, RepoName, Tag, Target};
+use vial_core::manifest::{Descriptor, ImageManifest};
+use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, TreeBuilder};
+use vial_core::{media, Digest, RepoName, Target};
 use vial_oras_compat::{recognize, safe_path, Packing};
 
-use crate::state::AppState;
-use crate::storage::{
-    CommitManifestError, ManifestRecord, Presence, RangeChunk, Source, StorageError,
-    TagPrecondition,
-};
+use crate::service::publish::{commit_layout, Publish};
+use crate::service::Service;
+use crate::storage::{Presence, RangeChunk, Source, StorageError};
 
 /// The job kind under which seals run.
 pub const SEAL_JOB: &str = "seal";
@@ -87,11 +85,11 @@ enum SealedEntry {
 
 /// Seals the artifact `subject` of `repo` and returns the volume's digest.
 pub async fn seal(
-    state: &Arc<AppState>,
+    service: &Arc<Service>,
     repo: &RepoName,
     subject: &Digest,
 ) -> Result<Digest, SealError> {
-    let stored = state
+    let stored = service
         .meta
         .get_manifest(repo, &Target::Digest(subject.clone()))
         .await?
@@ -115,7 +113,8 @@ pub async fn seal(
     let mut dirs = HashSet::new();
     let mut ranges = Vec::new();
     for layer in &artifact.layers {
-        let files = read_layer(state, repo, &layer.descriptor, &layer.path, layer.packing).await?;
+        let files =
+            read_layer(service, repo, &layer.descriptor, &layer.path, layer.packing).await?;
         ranges.extend(files.ranges);
         for entry in files.entries {
             let added = match entry {
@@ -145,8 +144,8 @@ pub async fn seal(
     let layout = build_layout_for(&tree, Some(subject_descriptor));
 
     // Range chunks first: the volume's manifests name them.
-    state.meta.commit_range_chunks(repo, &ranges).await?;
-    commit_layout(state, repo, &layout, &Publish::default())
+    service.meta.commit_range_chunks(repo, &ranges).await?;
+    commit_layout(service, repo, &layout, &Publish::default())
         .await
         .map_err(|e| match e {
             crate::storage::CommitManifestError::Storage(s) => SealError::Storage(s),
@@ -166,93 +165,14 @@ pub async fn seal(
     Ok(layout.index.digest.clone())
 }
 
-pub(crate) async fn put_blob(
-    state: &AppState,
-    repo: &RepoName,
-    digest: &Digest,
-    bytes: Vec<u8>,
-) -> Result<(), StorageError> {
-    let size = bytes.len() as u64;
-    if state.blobs.stat(digest).await?.is_none() {
-        state.blobs.put(digest, Bytes::from(bytes)).await?;
-    }
-    state.commit_stored_blob(repo, digest, size).await
-}
-
-/// How the registry publishes a volume it built: the tags its index gets, on what condition, and
-/// on whose behalf (for the tag history).
-#[derive(Debug, Default)]
-pub(crate) struct Publish {
-    pub tags: Vec<Tag>,
-    pub precondition: TagPrecondition,
-    pub by: Option<String>,
-}
-
-/// Commits a volume whose chunks the repository holds: the tree blob and the empty config, then
-/// the manifests bottom-up, the index last with its tags. A reader never sees a manifest whose
-/// content is not all there, and a crash leaves only unreferenced rows behind.
-pub(crate) async fn commit_layout(
-    state: &AppState,
-    repo: &RepoName,
-    layout: &Layout,
-    publish: &Publish,
-) -> Result<(), CommitManifestError> {
-    for blob in layout.blobs() {
-        put_blob(state, repo, &blob.digest, blob.bytes.clone()).await?;
-    }
-    let empty =
-        Digest::parse(media::OCI_EMPTY_DIGEST).map_err(|e| StorageError::Corrupt(e.to_string()))?;
-    put_blob(state, repo, &empty, b"{}".to_vec()).await?;
-    for manifest in layout.child_manifests() {
-        commit_manifest(
-            state,
-            repo,
-            media::OCI_MANIFEST,
-            manifest,
-            &Publish::default(),
-        )
-        .await?;
-    }
-    commit_manifest(state, repo, media::OCI_INDEX, &layout.index, publish).await
-}
-
-/// Commits one manifest the registry wrote or copied, with `publish`'s tags.
-pub(crate) async fn commit_manifest(
-    state: &AppState,
-    repo: &RepoName,
-    media_type: &str,
-    manifest: &vial_core::volume::Blob,
-    publish: &Publish,
-) -> Result<(), CommitManifestError> {
-    let summary = summarize(Some(media_type), &manifest.bytes)
-        .map_err(|e| StorageError::Corrupt(format!("a manifest to commit is not valid: {e}")))?;
-    let record = ManifestRecord {
-        digest: manifest.digest.clone(),
-        media_type: summary.media_type,
-        artifact_type: summary.artifact_type,
-        subject: summary.subject.map(|s| s.digest),
-        annotations: summary.annotations,
-        content: manifest.bytes.clone(),
-        blobs: summary.blobs,
-        children: summary.children,
-        sparse: false,
-        pushed_by: publish.by.clone(),
-        tags_expire_at: None,
-    };
-    state
-        .meta
-        .commit_manifest(repo, &record, &publish.tags, &publish.precondition)
-        .await
-}
-
 /// Stores the chunks [`LayerReader`] sends, linking each to `repo`.
 async fn store_chunks(
-    state: Arc<AppState>,
+    service: Arc<Service>,
     repo: RepoName,
     mut rx: mpsc::Receiver<(ChunkRef, Bytes)>,
 ) -> Result<(), StorageError> {
     while let Some((chunk, bytes)) = rx.recv().await {
-        let known = state
+        let known = service
             .meta
             .link_present_blobs(
                 &repo,
@@ -261,7 +181,7 @@ async fn store_chunks(
             )
             .await?;
         if known.is_empty() {
-            put_blob(&state, &repo, &chunk.digest, bytes.to_vec()).await?;
+            service.ensure_blob(&repo, &chunk.digest, bytes).await?;
         }
     }
     Ok(())
@@ -270,14 +190,14 @@ async fn store_chunks(
 /// Chunks one file read from `reader` (`size` bytes, named `path` for the chunker's
 /// safetensors rule) and stores its chunks in `repo`, on a blocking thread.
 pub(crate) async fn chunk_and_store(
-    state: &Arc<AppState>,
+    service: &Arc<Service>,
     repo: &RepoName,
     path: &str,
     size: u64,
     reader: impl tokio::io::AsyncRead + Send + Unpin + 'static,
 ) -> Result<Vec<ChunkRef>, SealError> {
     let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(STORE_QUEUE);
-    let storer = store_chunks(Arc::clone(state), repo.clone(), rx);
+    let storer = store_chunks(Arc::clone(service), repo.clone(), rx);
     let name = path.to_owned();
     let reader = tokio::task::spawn_blocking(move || {
         let mut r = LayerReader {
@@ -308,14 +228,14 @@ pub(crate) async fn chunk_and_store(
 /// Reads one layer into files, on a blocking thread, storing the chunks of compressed layers as
 /// they are cut.
 async fn read_layer(
-    state: &Arc<AppState>,
+    service: &Arc<Service>,
     repo: &RepoName,
     layer: &Descriptor,
     path: &str,
     packing: Packing,
 ) -> Result<LayerFiles, SealError> {
     let digest = layer.digest.clone();
-    let location = state
+    let location = service
         .meta
         .blob_location(repo, &digest)
         .await?
@@ -341,12 +261,12 @@ async fn read_layer(
             ""
         }
     );
-    if let Some(files) = reuse_layer(state, repo, &digest, &reading, path, packing).await? {
-        state.metrics.record_seal_layer(true, size);
+    if let Some(files) = reuse_layer(service, repo, &digest, &reading, path, packing).await? {
+        service.metrics.record_seal_layer(true, size);
         return Ok(files);
     }
-    state.metrics.record_seal_layer(false, size);
-    let stream = crate::storage::read_located(&*state.blobs, &digest, &location, None)
+    service.metrics.record_seal_layer(false, size);
+    let stream = crate::storage::read_located(&*service.blobs, &digest, &location, None)
         .await?
         .ok_or_else(|| {
             StorageError::Corrupt(format!(
@@ -355,7 +275,7 @@ async fn read_layer(
         })?;
 
     let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(STORE_QUEUE);
-    let storer = store_chunks(Arc::clone(state), repo.clone(), rx);
+    let storer = store_chunks(Arc::clone(service), repo.clone(), rx);
     let path = path.to_owned();
     let layer_digest = digest.clone();
     let reader = tokio::task::spawn_blocking(move || {
@@ -389,7 +309,7 @@ async fn read_layer(
         })?;
     match serde_json::to_string(&files) {
         Ok(json) => {
-            state
+            service
                 .meta
                 .record_sealed_layer(&layer_digest, &reading, &json)
                 .await?
@@ -404,14 +324,14 @@ async fn read_layer(
 /// What an earlier seal read from this layer blob, if it is usable here: a file layer takes this
 /// artifact's path for it, and chunks stored on their own must all still be in the registry.
 async fn reuse_layer(
-    state: &Arc<AppState>,
+    service: &Arc<Service>,
     repo: &RepoName,
     layer: &Digest,
     reading: &str,
     path: &str,
     packing: Packing,
 ) -> Result<Option<LayerFiles>, SealError> {
-    let Some(json) = state.meta.sealed_layer(layer, reading).await? else {
+    let Some(json) = service.meta.sealed_layer(layer, reading).await? else {
         return Ok(None);
     };
     let Ok(mut files) = serde_json::from_str::<LayerFiles>(&json) else {
@@ -438,7 +358,7 @@ async fn reuse_layer(
         stored.sort();
         stored.dedup();
         for batch in stored.chunks(4096) {
-            let present = state
+            let present = service
                 .meta
                 .link_present_blobs(repo, batch, Presence::LinkAcross)
                 .await?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Response};
 
@@ -19,21 +19,27 @@ use crate::route::{self, Endpoint};
 use crate::state::AppState;
 use crate::storage::Presence;
 
+/// A router behind the entrance: the API of a registry that stores (`api::Api`) or the cache
+/// tier (`cache::api::Tier`). The registry installs `enter::<T>` for one of them.
+pub(crate) trait Tier {
+    fn handle(
+        state: Arc<AppState>,
+        endpoint: Endpoint,
+        req: Request,
+        body: Body,
+    ) -> impl Future<Output = Result<Response, ApiError>> + Send;
+}
+
 /// Every `/v2/…` request comes through here, inside the span the front door opened for it
-/// (`front::request_span`), and is answered by `handle` (the API's or the cache's).
-pub(crate) async fn enter<F, A>(
-    state: Arc<AppState>,
-    client: ClientAddr,
+/// (`front::request_span`), and is answered by tier `T`.
+pub(crate) async fn enter<T: Tier>(
+    State(state): State<Arc<AppState>>,
+    ConnectInfo(client): ConnectInfo<ClientAddr>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
-    handle: F,
-) -> Response
-where
-    F: FnOnce(Arc<AppState>, Endpoint, Request, Body) -> A,
-    A: Future<Output = Result<Response, ApiError>>,
-{
+) -> Response {
     let started = Instant::now();
     let sent_body = headers
         .get("content-length")
@@ -67,7 +73,7 @@ where
                 Ok(()) => {
                     match upload_slot(&state, &endpoint, &request.method, sent_body, client) {
                         // Held until the handler has read the body and answered.
-                        Ok(_slot) => handle(Arc::clone(&state), endpoint, request, body)
+                        Ok(_slot) => T::handle(Arc::clone(&state), endpoint, request, body)
                             .await
                             .unwrap_or_else(IntoResponse::into_response),
                         Err(e) => e.into_response(),

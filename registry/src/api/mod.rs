@@ -1,11 +1,11 @@
-//! The Distribution API of a registry that stores: [`dispatch`] hands each request that passed the
+//! The Distribution API of a registry that stores: [`Api`] hands each request that passed the
 //! entrance ([`crate::v2`]) to one handler module per resource.
 
 mod blobs;
+pub(crate) mod bodies;
 mod listing;
 mod manifests;
 mod packs;
-pub(crate) mod sessions;
 mod sync;
 mod uploads;
 mod vial;
@@ -13,37 +13,26 @@ mod vial;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-pub use sessions::Sessions;
-
 use crate::error::{ApiError, ErrorCode};
-use crate::front::ClientAddr;
 use crate::http::Request;
 use crate::route::{self, Endpoint};
 use crate::state::AppState;
 
-/// The fallback handler of a registry that stores: every `/v2/…` request.
-pub(crate) async fn dispatch(
-    State(state): State<Arc<AppState>>,
-    ConnectInfo(client): ConnectInfo<ClientAddr>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    crate::v2::enter(
-        state,
-        client,
-        method,
-        uri,
-        headers,
-        body,
-        |state, endpoint, req, body| async move { handle(&state, endpoint, req, body).await },
-    )
-    .await
+/// The tier behind the entrance in a registry that stores.
+pub(crate) struct Api;
+
+impl crate::v2::Tier for Api {
+    async fn handle(
+        state: Arc<AppState>,
+        endpoint: Endpoint,
+        req: Request,
+        body: Body,
+    ) -> Result<Response, ApiError> {
+        handle(&state, endpoint, req, body).await
+    }
 }
 
 async fn handle(

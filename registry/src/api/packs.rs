@@ -21,14 +21,14 @@ use vial_core::{Digest, RepoName};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request, MAX_PACK_BYTES, MAX_PACK_CHUNKS};
 use crate::state::AppState;
-use crate::storage::{BlobLocation, ByteRange, ByteStream, PackId, PackedChunk, VerifyFuture};
+use crate::storage::{BlobLocation, ByteRange, ByteStream, PackedChunk, VerifyFuture};
 
 /// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
 const MAX_LIST_BYTES: usize = 1 << 20;
 /// Segments of a bulk read being read at once: the one streaming and the next.
 const SEGMENTS_AHEAD: usize = 2;
 /// Body frames queued for the chunk hasher of one pack (the bytes are bounded by
-/// [`super::sessions::hold`]).
+/// [`super::bodies::hold`]).
 const HASH_QUEUE: usize = 64;
 
 /// The first line of a pack: its chunks, in the order their bytes follow.
@@ -225,33 +225,26 @@ pub(super) async fn upload(
         let tx = tx.clone();
         let metrics = Arc::clone(&metrics);
         async move {
-            let bytes = super::sessions::hold(item?).await;
+            let bytes = super::bodies::hold(item?).await;
             metrics.add_bytes_in(bytes.len() as u64);
             // The checker only ever stops early on a mismatch, which fails the pack anyway.
             let _ = tx.send(bytes.clone()).await;
             Ok(bytes)
         }
     }));
-    let id = PackId::random();
-    // The row first: if this process dies while the bytes are stored, the janitor finds them.
-    state.meta.begin_pack(&id, size).await?;
-    let stored = state.blobs.put_pack(&id, teed, size, verify).await;
-    if !matches!(stored, Ok(true)) {
-        // Nothing was published, or nothing that will be named: forget the pack now.
-        let _ = state.meta.drop_pack(&id).await;
-    }
-    match stored {
-        Ok(true) => {}
-        Ok(false) => {
+    let refused = |why: Option<String>| match why {
+        Some(why) => invalid(ErrorCode::DigestInvalid, why),
+        None => invalid(
+            ErrorCode::BlobUploadInvalid,
+            "the pack's bytes did not arrive whole",
+        ),
+    };
+    let id = match state.store_pack(repo, &packed, size, teed, verify).await {
+        Ok(Some(id)) => id,
+        Ok(None) => {
             let why = failure.lock().ok().and_then(|w| w.clone());
-            tracing::info!(%repo, pack = %id, why, "pack refused");
-            return Err(match why {
-                Some(why) => invalid(ErrorCode::DigestInvalid, why),
-                None => invalid(
-                    ErrorCode::BlobUploadInvalid,
-                    "the pack's bytes did not arrive whole",
-                ),
-            });
+            tracing::info!(%repo, why, "pack refused");
+            return Err(refused(why));
         }
         Err(crate::storage::StorageError::BodyFailed(e)) => {
             return Err(invalid(
@@ -260,15 +253,7 @@ pub(super) async fn upload(
             ))
         }
         Err(e) => return Err(e.into()),
-    }
-    if let Err(e) = state.meta.commit_pack(repo, &id, size, &packed).await {
-        // Not committed, so nothing names the pack: take its bytes back (the janitor would).
-        if state.blobs.delete_pack(&id).await.is_ok() {
-            let _ = state.meta.drop_pack(&id).await;
-        }
-        return Err(e.into());
-    }
-    state.metrics.record_pack(packed.len() as u64);
+    };
     tracing::info!(%repo, pack = %id, chunks = packed.len(), bytes = size, "pack stored");
     Ok(crate::http::json(
         StatusCode::CREATED,

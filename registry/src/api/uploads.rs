@@ -4,10 +4,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use vial_core::{Algorithm, Digest, RepoName};
 
-use super::sessions::{hash_stream, tee_body, HashPipe, HashState};
+use super::bodies::{hash_stream, tee_body, HashPipe};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request};
 use crate::route::parse_digest;
+use crate::service::HashState;
 use crate::state::AppState;
 use crate::storage::{now_millis, StorageError, UploadSession, VerifyFuture};
 
@@ -121,20 +122,14 @@ async fn store_verified(
     bytes: bytes::Bytes,
 ) -> Result<Response, ApiError> {
     let size = bytes.len() as u64;
-    state.blobs.put(digest, bytes).await?;
-    link_stored(state, repo, digest, size).await
+    state.put_blob(repo, digest, bytes).await?;
+    Ok(committed(repo, digest, size))
 }
 
-/// Links a blob the store now holds to `repo`: from here on it is visible.
-async fn link_stored(
-    state: &AppState,
-    repo: &RepoName,
-    digest: &Digest,
-    size: u64,
-) -> Result<Response, ApiError> {
-    state.commit_stored_blob(repo, digest, size).await?;
+/// The answer to a push that made a blob of `repo`: from here on it is visible.
+fn committed(repo: &RepoName, digest: &Digest, size: u64) -> Response {
     tracing::info!(%repo, %digest, size, "blob committed");
-    Ok(created_blob(repo, digest))
+    created_blob(repo, digest)
 }
 
 /// A blob of any size in one request, its digest known up front: streamed to the store, hashed
@@ -161,8 +156,8 @@ async fn put_streaming(
         }
         ok
     });
-    match state.blobs.put_streamed(digest, stream, verify).await {
-        Ok(Some(size)) => link_stored(state, repo, digest, size).await,
+    match state.put_streamed_blob(repo, digest, stream, verify).await {
+        Ok(Some(size)) => Ok(committed(repo, digest, size)),
         Ok(None) => {
             let actual = computed.lock().ok().and_then(|mut c| c.take());
             Err(match actual {
@@ -341,9 +336,7 @@ pub(super) async fn cancel(
     session(state, repo, id).await?;
     let lock = state.sessions.get(id);
     let _held = lock.lock().await;
-    state.blobs.abort_upload(id).await?;
-    state.meta.delete_upload(id).await?;
-    state.sessions.remove(id);
+    state.discard_upload(id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -446,22 +439,15 @@ async fn commit(
     if &computed != digest {
         return Err(digest_mismatch(digest, &computed));
     }
-    let size = state.blobs.commit_upload(id, digest).await?;
-    let response = link_stored(state, repo, digest, size).await?;
-    state.meta.delete_upload(id).await?;
-    state.sessions.remove(id);
-    Ok(response)
+    let size = state.publish_upload(repo, id, digest).await?;
+    Ok(committed(repo, digest, size))
 }
 
 /// Best-effort removal of a session nobody will come back to.
 async fn discard(state: &AppState, id: &str) {
-    if let Err(e) = state.blobs.abort_upload(id).await {
-        tracing::warn!(upload = id, error = %e, "could not remove upload data");
+    if let Err(e) = state.discard_upload(id).await {
+        tracing::warn!(upload = id, error = %e, "could not remove an upload session; the janitor tries again");
     }
-    if let Err(e) = state.meta.delete_upload(id).await {
-        tracing::warn!(upload = id, error = %e, "could not remove upload session");
-    }
-    state.sessions.remove(id);
 }
 
 /// `Content-Range: <start>-<end>` (inclusive), as chunked uploads send it. A `bytes ` prefix and a

@@ -529,14 +529,14 @@ pub(super) async fn gc(
     wait: Option<&str>,
 ) -> Result<Response, ApiError> {
     if dry_run {
-        let report = crate::gc::collect(state, true, None).await?;
+        let report = crate::service::gc::collect(state, true, None).await?;
         return Ok(crate::http::json(StatusCode::OK, &report));
     }
     // Refused at once, rather than queued to fail.
     if let Some(why) = state.meta.gc_blocker().await? {
         return Err(crate::storage::StorageError::NotReady(why).into());
     }
-    let queued = crate::gc::start(state).await?;
+    let queued = crate::service::gc::start(state).await?;
     if !state.config.run_jobs {
         tracing::info!(job = %queued.id, "garbage collection queued for a replica that runs jobs");
     }
@@ -555,7 +555,7 @@ pub(super) async fn gc_status(
             .meta
             .job_by_id(id)
             .await?
-            .filter(|j| j.kind == crate::gc::GC_JOB)
+            .filter(|j| j.kind == crate::service::gc::GC_JOB)
             .ok_or_else(|| {
                 ApiError::not_found(
                     ErrorCode::NameUnknown,

@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use vial_core::{Digest, RepoName, Target};
@@ -13,37 +12,27 @@ use vial_core::{Digest, RepoName, Target};
 use super::flight::Failure;
 use super::{read_stored, Cache, Claim, Via};
 use crate::error::{ApiError, ErrorCode};
-use crate::front::ClientAddr;
 use crate::http::{set_header, Request};
 use crate::route::Endpoint;
 use crate::state::AppState;
 use crate::storage::ByteStream;
 
-/// The fallback handler of a cache: every `/v2/…` request.
-pub(crate) async fn dispatch(
-    State(state): State<Arc<AppState>>,
-    ConnectInfo(client): ConnectInfo<ClientAddr>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    crate::v2::enter(
-        state,
-        client,
-        method,
-        uri,
-        headers,
-        body,
-        |state, endpoint, req, body| async move {
-            let cache = state
-                .cache
-                .clone()
-                .ok_or_else(|| ApiError::internal("the cache tier answered without a cache"))?;
-            handle(&cache, endpoint, &req, body).await
-        },
-    )
-    .await
+/// The tier behind the entrance in a cache.
+pub(crate) struct Tier;
+
+impl crate::v2::Tier for Tier {
+    async fn handle(
+        state: Arc<AppState>,
+        endpoint: Endpoint,
+        req: Request,
+        body: Body,
+    ) -> Result<Response, ApiError> {
+        let cache = state
+            .cache
+            .clone()
+            .ok_or_else(|| ApiError::internal("the cache tier answered without a cache"))?;
+        handle(&cache, endpoint, &req, body).await
+    }
 }
 
 async fn handle(

@@ -20,8 +20,9 @@ use vial_core::chunking::DEFAULT_PARAMS;
 use vial_core::volume::{build_layout_for, validate_path, ChunkRef, ChunkingInfo, TreeBuilder};
 use vial_core::{Digest, Reference, RepoName, Tag};
 
-use crate::seal::{chunk_and_store, commit_layout, Publish, SealError};
-use crate::state::AppState;
+use crate::seal::{chunk_and_store, SealError};
+use crate::service::publish::{commit_layout, Publish};
+use crate::service::Service;
 use crate::storage::{CommitManifestError, Job, JobFile, Presence, StorageError, TagPrecondition};
 
 use remote::RemoteFile;
@@ -255,27 +256,27 @@ pub enum SpecError {
 }
 
 /// Checks a spec before it is queued: everything that can be known without reaching the source.
-pub fn check_spec(state: &AppState, spec: &SyncSpec) -> Result<Source, SpecError> {
+pub fn check_spec(service: &Service, spec: &SyncSpec) -> Result<Source, SpecError> {
     let source = Source::parse(&spec.source).map_err(SpecError::Invalid)?;
     Tag::parse(&spec.tag).map_err(|e| SpecError::Invalid(format!("tag {:?}: {e}", spec.tag)))?;
     Filter::new(&spec.include, &spec.exclude).map_err(SpecError::Invalid)?;
-    if state.config.sync_source_for(&spec.source).is_none() {
+    if service.config.sync_source_for(&spec.source).is_none() {
         return Err(SpecError::NotAllowed(spec.source.clone()));
     }
     Ok(source)
 }
 
 /// Runs one attempt of a sync job and returns the sealed version's digest.
-pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> {
+pub async fn run(service: &Arc<Service>, job: &Job) -> Result<Digest, SyncError> {
     let spec: SyncSpec = serde_json::from_str(job.spec.as_deref().unwrap_or(""))
         .map_err(|e| SyncError::Invalid(format!("the job's spec cannot be read: {e}")))?;
-    let source = check_spec(state, &spec).map_err(|e| SyncError::Invalid(e.to_string()))?;
+    let source = check_spec(service, &spec).map_err(|e| SyncError::Invalid(e.to_string()))?;
     let repo = job
         .repository
         .clone()
         .ok_or_else(|| SyncError::Invalid("the sync job names no repository".into()))?;
     let tag = Tag::parse(&spec.tag).map_err(|e| SyncError::Invalid(e.to_string()))?;
-    let entry = state
+    let entry = service
         .config
         .sync_source_for(&spec.source)
         .cloned()
@@ -286,11 +287,11 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
         .and_then(|p| serde_json::from_str(p).ok())
         .unwrap_or_default();
     let run = Run {
-        state: Arc::clone(state),
+        service: Arc::clone(service),
         job: job.clone(),
         progress: Mutex::new(progress),
         publish: Publish {
-            precondition: precondition_for(state, &repo, &tag),
+            precondition: precondition_for(service, &repo, &tag),
             tags: vec![tag],
             by: spec.requested_by.clone(),
         },
@@ -316,8 +317,8 @@ pub async fn run(state: &Arc<AppState>, job: &Job) -> Result<Digest, SyncError> 
 }
 
 /// An immutable tag is only ever created: the sync sets it only if nobody has meanwhile.
-fn precondition_for(state: &AppState, repo: &RepoName, tag: &Tag) -> TagPrecondition {
-    if state
+fn precondition_for(service: &Service, repo: &RepoName, tag: &Tag) -> TagPrecondition {
+    if service
         .config
         .tag_rules_for(repo.as_str(), tag.as_str())
         .any(|r| r.immutable)
@@ -334,7 +335,7 @@ fn precondition_for(state: &AppState, repo: &RepoName, tag: &Tag) -> TagPrecondi
 /// outside the futures being polled, since a suspended future may hold the (SQLite: only) write
 /// connection in the middle of a transaction.
 struct Run {
-    state: Arc<AppState>,
+    service: Arc<Service>,
     job: Job,
     progress: Mutex<SyncProgress>,
     publish: Publish,
@@ -360,7 +361,7 @@ impl Run {
 
     async fn save_progress(&self) -> Result<(), SyncError> {
         let held = self
-            .state
+            .service
             .meta
             .save_job_progress(&self.job.id, self.job.attempts, &self.progress_json())
             .await?;
@@ -373,7 +374,7 @@ impl Run {
 
     async fn save_file(&self, file: &JobFile) -> Result<(), SyncError> {
         let held = self
-            .state
+            .service
             .meta
             .save_job_file(&self.job.id, self.job.attempts, file, &self.progress_json())
             .await?;
@@ -432,7 +433,7 @@ async fn sync_files(
 
     // What earlier attempts finished, if the file is still the same and its chunks still here.
     let mut finished: HashMap<String, JobFile> = run
-        .state
+        .service
         .meta
         .job_files(&run.job.id)
         .await?
@@ -488,7 +489,7 @@ async fn sync_files(
                 let reader = remote.open(f).await?;
                 // A read that fails midway is most often the network: worth another attempt, which
                 // keeps what this one finished.
-                let chunks = chunk_and_store(&run.state, run.repo(), &f.path, f.size, reader)
+                let chunks = chunk_and_store(&run.service, run.repo(), &f.path, f.size, reader)
                     .await
                     .map_err(|e| match e {
                         SealError::Content { message, .. } => SyncError::source(
@@ -545,7 +546,7 @@ async fn sync_files(
     run.save_progress().await?;
     let digest = layout.index.digest.clone();
     published(
-        commit_layout(&run.state, run.repo(), &layout, &run.publish).await,
+        commit_layout(&run.service, run.repo(), &layout, &run.publish).await,
         &digest,
     )?;
     Ok(digest)
@@ -570,7 +571,7 @@ async fn chunks_present(run: &Run, chunks: &[ChunkRef]) -> Result<bool, StorageE
     digests.dedup();
     for batch in digests.chunks(4096) {
         let present = run
-            .state
+            .service
             .meta
             .link_present_blobs(run.repo(), batch, Presence::LinkAcross)
             .await?;

@@ -14,7 +14,8 @@ use vial_core::{media, Digest, Reference, Target};
 
 use super::{Run, SyncError, SyncSpec};
 use crate::config::SyncSource;
-use crate::seal::{commit_manifest, seal, Publish};
+use crate::seal::seal;
+use crate::service::publish::{commit_manifest, Publish};
 use crate::storage::{ByteStream, Presence, StorageError, VerifyFuture};
 
 /// Blobs copied at once.
@@ -102,7 +103,7 @@ pub(super) async fn sync(
     let mut present = Vec::new();
     for batch in blobs.chunks(4096) {
         present.extend(
-            run.state
+            run.service
                 .meta
                 // Only what this repository holds: linking another repository's blob because a
                 // source manifest names its digest would hand it to whoever may push here.
@@ -142,7 +143,7 @@ pub(super) async fn sync(
         .map(|digest| {
             let (saved, src) = (&saved, &src);
             async move {
-                let bytes = copy_blob(src, repo, &run.state, run.repo(), &digest).await?;
+                let bytes = copy_blob(src, repo, &run.service, run.repo(), &digest).await?;
                 {
                     let mut p = run.progress();
                     p.files_done += 1;
@@ -176,7 +177,7 @@ pub(super) async fn sync(
     for level in levels.iter().skip(1).rev() {
         for m in level {
             commit_manifest(
-                &run.state,
+                &run.service,
                 run.repo(),
                 &m.media_type,
                 &Blob {
@@ -192,7 +193,7 @@ pub(super) async fn sync(
     run.save_progress().await?;
     super::published(
         commit_manifest(
-            &run.state,
+            &run.service,
             run.repo(),
             &root.media_type,
             &Blob {
@@ -206,7 +207,7 @@ pub(super) async fn sync(
     )?;
     match kind {
         Kind::Volume => Ok(root.digest),
-        Kind::Artifact => Ok(seal(&run.state, run.repo(), &root.digest).await?),
+        Kind::Artifact => Ok(seal(&run.service, run.repo(), &root.digest).await?),
     }
 }
 
@@ -233,7 +234,7 @@ fn classify(media_type: &str, bytes: &[u8]) -> Result<Kind, String> {
 async fn copy_blob(
     src: &Registry,
     repo: &vial_core::RepoName,
-    state: &Arc<crate::state::AppState>,
+    service: &Arc<crate::service::Service>,
     dest: &vial_core::RepoName,
     digest: &Digest,
 ) -> Result<u64, SyncError> {
@@ -261,11 +262,8 @@ async fn copy_blob(
             .map(|h| h.finish());
         actual.as_ref() == Some(&expected)
     });
-    match state.blobs.put_streamed(digest, body, verify).await {
-        Ok(Some(size)) => {
-            state.commit_stored_blob(dest, digest, size).await?;
-            Ok(size)
-        }
+    match service.put_streamed_blob(dest, digest, body, verify).await {
+        Ok(Some(size)) => Ok(size),
         Ok(None) => Err(SyncError::source(
             format!("the source sent bytes that are not blob {digest}"),
             true,

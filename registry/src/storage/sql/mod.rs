@@ -183,7 +183,7 @@ pub struct SqlMetadataStore {
 impl SqlMetadataStore {
     /// Presence checks leave a blob's `touched_at` alone while it is less than `slack` old: a
     /// read-mostly registry then writes a hot blob's row once per `slack`, not once per check.
-    /// Collection must add `slack` to its grace period ([`crate::gc::cutoff`]).
+    /// Collection must add `slack` to its grace period ([`crate::service::gc::cutoff`]).
     pub fn with_touch_slack(mut self, slack: Duration) -> Self {
         self.touch_slack = slack.as_millis() as i64;
         self

@@ -1,27 +1,27 @@
 //! The janitor: background upkeep of a registry that stores (a cache has none). Every so often
-//! it removes deleted versions past their repository's retention window, expired uploads and
-//! packs whose upload never committed. Garbage collection purges the same deleted versions first
-//! in each pass ([`purge_deleted`]).
+//! it removes deleted versions past their repository's retention window, expired uploads, leases
+//! and tags, and packs whose upload never committed. Garbage collection purges the same deleted
+//! versions first in each pass ([`purge_deleted`]).
 
 use std::sync::Arc;
 
 use vial_core::{Digest, RepoName};
 
-use crate::state::AppState;
+use super::Service;
 use crate::{error, storage};
 
 /// Deleted manifests past their repository's retention window: what [`purge_deleted`] removes.
 pub(crate) async fn expired_deleted(
-    state: &AppState,
+    service: &Service,
 ) -> Result<Vec<(RepoName, Digest)>, storage::StorageError> {
     const PAGE: u32 = 1000;
     let now = storage::now_millis();
-    let cutoff = now - state.config.shortest_retention().as_millis() as i64;
+    let cutoff = now - service.config.shortest_retention().as_millis() as i64;
     let mut expired = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut since = i64::MIN;
     loop {
-        let page = state.meta.deleted_before(since, cutoff, PAGE).await?;
+        let page = service.meta.deleted_before(since, cutoff, PAGE).await?;
         let full = page.len() == PAGE as usize;
         let last = page.last().map(|(_, _, at)| *at);
         let mut new = 0;
@@ -30,7 +30,7 @@ pub(crate) async fn expired_deleted(
                 continue;
             }
             new += 1;
-            let retention = state.config.retention_for(repo.as_str());
+            let retention = service.config.retention_for(repo.as_str());
             if deleted_at + retention.as_millis() as i64 <= now {
                 expired.push((repo, digest));
             }
@@ -49,8 +49,8 @@ pub(crate) async fn expired_deleted(
 const PURGE_BATCH: usize = 100;
 
 /// Removes every deleted manifest past its retention window for good. Returns how many went.
-pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
-    let expired = match expired_deleted(state).await {
+pub(crate) async fn purge_deleted(service: &Service) -> u64 {
+    let expired = match expired_deleted(service).await {
         Ok(rows) => rows,
         Err(e) => {
             tracing::warn!(error = %error::error_chain(&e), "janitor could not list deleted manifests");
@@ -59,7 +59,7 @@ pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
     };
     let mut purged = 0;
     for batch in expired.chunks(PURGE_BATCH) {
-        match state.meta.purge_manifests(batch).await {
+        match service.meta.purge_manifests(batch).await {
             Ok(gone) => {
                 for (repo, digest) in &gone {
                     tracing::info!(%repo, %digest, "deleted manifest removed for good after its retention window");
@@ -77,8 +77,8 @@ pub(crate) async fn purge_deleted(state: &AppState) -> u64 {
 /// Removes the bytes of packs begun before `cutoff` (the upload TTL) and never committed: a
 /// request that died between storing its pack and committing it. A pack on its way to being
 /// committed is younger than that.
-async fn sweep_uncommitted_packs(state: &AppState, cutoff: i64) {
-    let stale = match state.meta.stale_packs(cutoff, 1000).await {
+async fn sweep_uncommitted_packs(service: &Service, cutoff: i64) {
+    let stale = match service.meta.stale_packs(cutoff, 1000).await {
         Ok(stale) => stale,
         Err(e) => {
             tracing::warn!(error = %error::error_chain(&e), "janitor could not list uncommitted packs");
@@ -87,8 +87,8 @@ async fn sweep_uncommitted_packs(state: &AppState, cutoff: i64) {
     };
     for pack in stale {
         let removed = async {
-            state.blobs.delete_pack(&pack).await?;
-            state.meta.drop_pack(&pack).await
+            service.blobs.delete_pack(&pack).await?;
+            service.meta.drop_pack(&pack).await
         }
         .await;
         match removed {
@@ -101,23 +101,17 @@ async fn sweep_uncommitted_packs(state: &AppState, cutoff: i64) {
 }
 
 /// Discards upload sessions that nobody has touched for the configured time, with their data.
-pub(crate) async fn run(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(state.config.janitor_interval);
+pub(crate) async fn run(service: Arc<Service>) {
+    let mut tick = tokio::time::interval(service.config.janitor_interval);
     loop {
         tick.tick().await;
-        let cutoff = storage::now_millis() - state.config.upload_ttl.as_millis() as i64;
-        match state.meta.stale_uploads(cutoff, 1000).await {
+        let cutoff = storage::now_millis() - service.config.upload_ttl.as_millis() as i64;
+        match service.meta.stale_uploads(cutoff, 1000).await {
             Ok(stale) => {
                 for session in stale {
-                    let lock = state.sessions.get(&session.id);
+                    let lock = service.sessions.get(&session.id);
                     let _held = lock.lock().await;
-                    let removed = async {
-                        state.blobs.abort_upload(&session.id).await?;
-                        state.meta.delete_upload(&session.id).await
-                    }
-                    .await;
-                    state.sessions.remove(&session.id);
-                    match removed {
+                    match service.discard_upload(&session.id).await {
                         Ok(()) => {
                             tracing::info!(upload = %session.id, repo = %session.repository, "discarded stale upload session")
                         }
@@ -131,11 +125,15 @@ pub(crate) async fn run(state: Arc<AppState>) {
                 tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads")
             }
         }
-        purge_deleted(&state).await;
-        if let Err(e) = state.meta.drop_expired_leases(storage::now_millis()).await {
+        purge_deleted(&service).await;
+        if let Err(e) = service
+            .meta
+            .drop_expired_leases(storage::now_millis())
+            .await
+        {
             tracing::warn!(error = %error::error_chain(&e), "janitor could not drop expired leases");
         }
-        match state.meta.expire_tags(storage::now_millis()).await {
+        match service.meta.expire_tags(storage::now_millis()).await {
             Ok(expired) => {
                 for (repo, tag) in expired {
                     tracing::info!(%repo, tag, "tag expired and was removed");
@@ -145,15 +143,15 @@ pub(crate) async fn run(state: Arc<AppState>) {
                 tracing::warn!(error = %error::error_chain(&e), "janitor could not expire tags")
             }
         }
-        let cutoff = std::time::SystemTime::now() - state.config.upload_ttl;
-        match state.blobs.sweep(cutoff).await {
+        let cutoff = std::time::SystemTime::now() - service.config.upload_ttl;
+        match service.blobs.sweep(cutoff).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "janitor removed abandoned upload data"),
             Err(e) => {
                 tracing::warn!(error = %error::error_chain(&e), "janitor could not sweep the blob store")
             }
         }
-        let pack_cutoff = storage::now_millis() - state.config.upload_ttl.as_millis() as i64;
-        sweep_uncommitted_packs(&state, pack_cutoff).await;
+        let pack_cutoff = storage::now_millis() - service.config.upload_ttl.as_millis() as i64;
+        sweep_uncommitted_packs(&service, pack_cutoff).await;
     }
 }

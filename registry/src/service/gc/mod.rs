@@ -14,8 +14,8 @@ use vial_core::Digest;
 pub(crate) mod report;
 pub use report::{GcMetrics, GcReport};
 
+use super::Service;
 use crate::error::error_chain;
-use crate::state::AppState;
 use crate::storage::{now_millis, BytesDeletion, Garbage, Job, PackId, StorageError};
 
 /// Candidates looked at per batch, and blobs removed per transaction.
@@ -39,7 +39,7 @@ pub fn cutoff(config: &crate::config::Config) -> i64 {
 /// Where a pass records its progress: the job it runs as, if any, at most every
 /// [`PROGRESS_EVERY`].
 struct Progress<'a> {
-    state: &'a AppState,
+    service: &'a Service,
     job: Option<&'a Job>,
     started: Instant,
     last: Instant,
@@ -58,7 +58,7 @@ impl Progress<'_> {
         };
         let json = serde_json::to_string(&so_far).unwrap_or_default();
         if let Err(e) = self
-            .state
+            .service
             .meta
             .save_job_progress(&job.id, job.attempts, &json)
             .await
@@ -70,25 +70,25 @@ impl Progress<'_> {
 
 /// Queues a pass as a job (or finds the one already queued or running), for `POST
 /// /v2/_vial/gc`: it runs to the end whoever waits for it, on whichever replica runs jobs.
-pub async fn start(state: &AppState) -> Result<Job, StorageError> {
-    if let Some(job) = state.meta.unfinished_registry_job(GC_JOB).await? {
+pub async fn start(service: &Service) -> Result<Job, StorageError> {
+    if let Some(job) = service.meta.unfinished_registry_job(GC_JOB).await? {
         return Ok(job);
     }
-    let job = state.meta.create_job(GC_JOB, None, "{}").await?;
+    let job = service.meta.create_job(GC_JOB, None, "{}").await?;
     tracing::info!(job = %job.id, "garbage collection pass queued");
-    state.jobs.wake();
+    service.jobs.wake();
     Ok(job)
 }
 
 /// One pass, recording its progress in `job` when it runs as one. Passes in one process take
 /// turns; passes on several replicas are safe together.
 pub async fn collect(
-    state: &AppState,
+    service: &Service,
     dry_run: bool,
     job: Option<&Job>,
 ) -> Result<GcReport, StorageError> {
-    let _turn = state.gc_turn.lock().await;
-    if let Some(why) = state.meta.gc_blocker().await? {
+    let _turn = service.gc_turn.lock().await;
+    if let Some(why) = service.meta.gc_blocker().await? {
         return Err(StorageError::NotReady(why));
     }
     let started = Instant::now();
@@ -97,35 +97,35 @@ pub async fn collect(
         ..GcReport::default()
     };
     let mut progress = Progress {
-        state,
+        service,
         job,
         started,
         last: started,
     };
     if dry_run {
-        let expired = crate::janitor::expired_deleted(state).await?;
+        let expired = super::upkeep::expired_deleted(service).await?;
         report.manifests_purged = expired.len() as u64;
-        let cutoff = cutoff(&state.config);
-        let estimate = state.meta.gc_estimate(&expired, cutoff, cutoff).await?;
+        let cutoff = cutoff(&service.config);
+        let estimate = service.meta.gc_estimate(&expired, cutoff, cutoff).await?;
         report.blobs = estimate.blobs;
         report.packs = estimate.packs;
         report.bytes = estimate.bytes;
     } else {
-        report.manifests_purged = crate::janitor::purge_deleted(state).await;
+        report.manifests_purged = super::upkeep::purge_deleted(service).await;
         report.purge_seconds = started.elapsed().as_secs_f64();
-        let cutoff = cutoff(&state.config);
-        collect_blobs(state, cutoff, &mut report, &mut progress).await?;
+        let cutoff = cutoff(&service.config);
+        collect_blobs(service, cutoff, &mut report, &mut progress).await?;
         // Packs whose chunks have all been collected go last (a pack is kept while any chunk
         // in it lives: docs/gc.md).
-        collect_packs(state, cutoff, &mut report, &mut progress).await?;
-        let m = &state.gc_metrics;
+        collect_packs(service, cutoff, &mut report, &mut progress).await?;
+        let m = &service.gc_metrics;
         m.runs.fetch_add(1, Ordering::Relaxed);
         m.blobs.fetch_add(report.blobs, Ordering::Relaxed);
         m.bytes.fetch_add(report.bytes, Ordering::Relaxed);
     }
     report.seconds = started.elapsed().as_secs_f64();
     if !dry_run {
-        if let Ok(mut last) = state.gc_metrics.last.lock() {
+        if let Ok(mut last) = service.gc_metrics.last.lock() {
             *last = Some((now_millis(), report.clone()));
         }
     }
@@ -149,21 +149,21 @@ pub async fn collect(
 /// takes in digest order, and the read takes no lock (a candidate it finds settled is dropped only
 /// if nothing queued it again since, so one a collection beside it makes garbage stays).
 async fn collect_blobs(
-    state: &AppState,
+    service: &Service,
     cutoff: i64,
     report: &mut GcReport,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
     type Outcome = (Vec<Digest>, Result<Vec<Garbage>, StorageError>);
     type Collection = tokio::task::JoinHandle<Outcome>;
-    let blobs = Arc::clone(&state.blobs);
+    let blobs = Arc::clone(&service.blobs);
     let delete: Arc<dyn Fn(Digest) -> BytesDeletion + Send + Sync> =
         Arc::new(move |digest: Digest| -> BytesDeletion {
             let blobs = Arc::clone(&blobs);
             Box::pin(async move { blobs.delete(&digest).await.map(drop) })
         });
     let collect = |digests: Vec<Digest>| -> Collection {
-        let (meta, delete) = (Arc::clone(&state.meta), Arc::clone(&delete));
+        let (meta, delete) = (Arc::clone(&service.meta), Arc::clone(&delete));
         tokio::spawn(async move {
             let gone = meta.collect_blobs(&digests, cutoff, &*delete).await;
             (digests, gone)
@@ -187,7 +187,7 @@ async fn collect_blobs(
     let mut collecting: std::collections::VecDeque<Collection> = Default::default();
     let mut after: Option<String> = None;
     loop {
-        let batch = match state
+        let batch = match service
             .meta
             .blob_candidates(after.as_deref(), cutoff, BATCH)
             .await
@@ -200,7 +200,7 @@ async fn collect_blobs(
                 while let Some(c) = collecting.pop_front() {
                     settle(c.await, report);
                 }
-                state
+                service
                     .meta
                     .blob_candidates(after.as_deref(), cutoff, BATCH)
                     .await?
@@ -225,7 +225,7 @@ async fn collect_blobs(
         settle(c.await, report);
     }
     for digests in failed {
-        match state.meta.collect_blobs(&digests, cutoff, &*delete).await {
+        match service.meta.collect_blobs(&digests, cutoff, &*delete).await {
             Ok(gone) => count_collected(report, &gone),
             Err(e) => {
                 tracing::warn!(blobs = digests.len(), error = %error_chain(&e), "could not collect a batch of blobs; the next pass tries again")
@@ -251,25 +251,25 @@ fn count_collected(report: &mut GcReport, gone: &[Garbage]) {
 
 /// [`collect_blobs`] for packs.
 async fn collect_packs(
-    state: &AppState,
+    service: &Service,
     cutoff: i64,
     report: &mut GcReport,
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
-    let blobs = Arc::clone(&state.blobs);
+    let blobs = Arc::clone(&service.blobs);
     let delete = move |pack: PackId| -> BytesDeletion {
         let blobs = Arc::clone(&blobs);
         Box::pin(async move { blobs.delete_pack(&pack).await.map(drop) })
     };
     let mut after: Option<String> = None;
     loop {
-        let batch = state
+        let batch = service
             .meta
             .pack_candidates(after.as_deref(), cutoff, BATCH)
             .await?;
         report.examined += batch.examined;
         let packs: Vec<PackId> = batch.ready.iter().map(|(p, _)| p.clone()).collect();
-        match state.meta.collect_packs(&packs, cutoff, &delete).await {
+        match service.meta.collect_packs(&packs, cutoff, &delete).await {
             Ok(gone) => {
                 for (pack, size) in &gone {
                     tracing::debug!(%pack, size, "pack collected");
@@ -290,12 +290,12 @@ async fn collect_packs(
 }
 
 /// Runs a pass every `gc_interval`.
-pub async fn schedule(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(state.config.gc_interval);
+pub async fn schedule(service: Arc<Service>) {
+    let mut tick = tokio::time::interval(service.config.gc_interval);
     tick.tick().await;
     loop {
         tick.tick().await;
-        if let Err(e) = collect(&state, false, None).await {
+        if let Err(e) = collect(&service, false, None).await {
             tracing::warn!(error = %error_chain(&e), "garbage collection pass failed");
         }
     }
