@@ -400,7 +400,7 @@ pub(super) async fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::Source;
+    use crate::storage::{PackId, Source};
 
     fn d(n: u8) -> Digest {
         vial_core::Algorithm::Sha256.digest_bytes(&[n])

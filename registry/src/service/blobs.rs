@@ -40,7 +40,9 @@ impl Service {
         bytes: Bytes,
     ) -> Result<(), StorageError> {
         if self.blobs.stat(digest).await?.is_some() {
-            return self.commit_stored_blob(repo, digest, bytes.len() as u64).await;
+            return self
+                .commit_stored_blob(repo, digest, bytes.len() as u64)
+                .await;
         }
         self.put_blob(repo, digest, bytes).await
     }

@@ -733,7 +733,7 @@ pub trait LeaseMeta: Send + Sync {
     ) -> Result<Vec<Lease>, StorageError>;
 }
 
-/// Durable background jobs (seals, syncs) and what sealing has learnt about layers.
+/// Durable background jobs: seals, syncs and asked-for collection passes.
 #[async_trait]
 pub trait JobMeta: Send + Sync {
     /// Creates the job for (`kind`, `repo`, `target`) unless it exists, and returns it. With
@@ -823,7 +823,12 @@ pub trait JobMeta: Send + Sync {
         attempts: i64,
         outcome: &JobOutcome,
     ) -> Result<bool, StorageError>;
+}
 
+/// What sealing has learnt about layers, so a layer sealed once (in any repository, by any job)
+/// is not read again.
+#[async_trait]
+pub trait SealMeta: Send + Sync {
     /// What sealing recorded for a layer blob read the given way, if it was sealed before.
     async fn sealed_layer(
         &self,
@@ -844,7 +849,15 @@ pub trait JobMeta: Send + Sync {
 /// concerns one by one; this trait comes with them.
 #[async_trait]
 pub trait MetadataStore:
-    BlobMeta + GcMeta + UploadMeta + ManifestMeta + TagMeta + LeaseMeta + JobMeta + std::fmt::Debug
+    BlobMeta
+    + GcMeta
+    + UploadMeta
+    + ManifestMeta
+    + TagMeta
+    + LeaseMeta
+    + JobMeta
+    + SealMeta
+    + std::fmt::Debug
 {
     /// Whether the backend answers, for readiness probes.
     async fn ping(&self) -> Result<(), StorageError>;

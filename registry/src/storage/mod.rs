@@ -17,8 +17,8 @@ pub use fs::FsBlobStore;
 pub use metadata::{
     BlobLocation, BlobMeta, BytesDeletion, Candidates, CommitManifestError, Garbage, GcEstimate,
     GcMeta, Job, JobFile, JobMeta, JobOutcome, JobState, Lease, LeaseMeta, ManifestMeta,
-    ManifestRecord, MetadataStore, PackedChunk, Page, Presence, RangeChunk, Restored, Source,
-    StoredCheck, StoredManifest, TagEvent, TagMeta, TagMoved, TagPrecondition, UploadMeta,
+    ManifestRecord, MetadataStore, PackedChunk, Page, Presence, RangeChunk, Restored, SealMeta,
+    Source, StoredCheck, StoredManifest, TagEvent, TagMeta, TagMoved, TagPrecondition, UploadMeta,
     UploadSession, VersionRow, VersionTotals, Window,
 };
 pub use s3::S3BlobStore;

@@ -13,6 +13,7 @@ mod jobs;
 mod leases;
 mod manifests;
 mod migrate;
+mod sealed;
 mod tags;
 mod uploads;
 
@@ -28,8 +29,9 @@ use vial_core::{Digest, RepoName, Tag, Target};
 use super::metadata::{
     BlobLocation, BlobMeta, BytesDeletion, CommitManifestError, Job, JobFile, JobMeta, JobOutcome,
     JobState, Lease, LeaseMeta, ManifestMeta, ManifestRecord, MetadataStore, PackedChunk, Page,
-    Presence, RangeChunk, Restored, Source, StoredCheck, StoredManifest, TagEvent, TagMeta,
-    TagMoved, TagPrecondition, UploadMeta, UploadSession, VersionRow, VersionTotals, Window,
+    Presence, RangeChunk, Restored, SealMeta, Source, StoredCheck, StoredManifest, TagEvent,
+    TagMeta, TagMoved, TagPrecondition, UploadMeta, UploadSession, VersionRow, VersionTotals,
+    Window,
 };
 use super::{now_millis, PackId, StorageError};
 
