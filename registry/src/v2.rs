@@ -19,8 +19,8 @@ use crate::route::{self, Endpoint};
 use crate::state::AppState;
 use crate::storage::Presence;
 
-/// A router behind the entrance: the API of a registry that stores (`api::Api`) or the cache
-/// tier (`cache::api::Tier`). The registry installs `enter::<T>` for one of them.
+/// A router behind the entrance: the API of a registry that stores, or the cache tier. The
+/// registry installs `enter::<T>` for one of them as its fallback.
 pub(crate) trait Tier {
     fn handle(
         state: Arc<AppState>,
