@@ -10,7 +10,7 @@ use crate::http::{set_header, Request};
 use crate::route::parse_digest;
 use crate::service::HashState;
 use crate::state::AppState;
-use crate::storage::{now_millis, StorageError, UploadSession, VerifyFuture};
+use crate::storage::{StorageError, UploadSession, VerifyFuture};
 
 /// `POST /v2/<name>/blobs/uploads/`: mount, monolithic upload, or a new session.
 pub(super) async fn start(
@@ -49,24 +49,12 @@ pub(super) async fn start(
         };
     }
 
-    let id = uuid::Uuid::new_v4().to_string();
-    let now = now_millis();
-    // The session row first: if the process dies before the store has the session, the janitor
-    // finds the row and cleans up; the other order could leave data no row names.
-    state
-        .meta
-        .create_upload(&UploadSession {
-            id: id.clone(),
-            repository: repo.clone(),
-            created_at: now,
-            updated_at: now,
-        })
+    let id = state
+        .open_upload(
+            repo,
+            monolithic.as_ref().map_or(algorithm, Digest::algorithm),
+        )
         .await?;
-    state.blobs.create_upload(&id).await?;
-    state.sessions.start(
-        &id,
-        monolithic.as_ref().map_or(algorithm, Digest::algorithm),
-    );
 
     match monolithic {
         Some(digest) => {

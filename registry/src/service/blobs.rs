@@ -2,10 +2,12 @@
 //! session committed or discarded. The module doc of [`super`] gives the order each keeps.
 
 use bytes::Bytes;
-use vial_core::{Digest, RepoName};
+use vial_core::{Algorithm, Digest, RepoName};
 
 use super::Service;
-use crate::storage::{self, ByteStream, PackId, PackedChunk, StorageError, VerifyFuture};
+use crate::storage::{
+    self, ByteStream, PackId, PackedChunk, StorageError, UploadSession, VerifyFuture,
+};
 
 impl Service {
     /// Records a blob whose verified bytes the blob store now holds and links it to `repo`.
@@ -111,15 +113,35 @@ impl Service {
         Ok(size)
     }
 
-    /// Ends upload session `id` without publishing it: its bytes first, then its row (which
-    /// stays, for the janitor to try again, if the bytes could not be removed).
+    /// Opens an upload session into `repo` whose bytes will be hashed with `algorithm`, and
+    /// returns its id. The row first: if the process dies before the blob store has the session,
+    /// the janitor finds the row and cleans up; the other order could leave data no row names.
+    pub(crate) async fn open_upload(
+        &self,
+        repo: &RepoName,
+        algorithm: Algorithm,
+    ) -> Result<String, StorageError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let now = storage::now_millis();
+        let session = UploadSession {
+            id: id.clone(),
+            repository: repo.clone(),
+            created_at: now,
+            updated_at: now,
+        };
+        self.meta.create_upload(&session).await?;
+        self.blobs.create_upload(&id).await?;
+        self.sessions.start(&id, algorithm);
+        Ok(id)
+    }
+
+    /// Ends upload session `id` without publishing it: its bytes first, then its row. If the
+    /// bytes could not be removed, the row and this process's entry for the session stay, and the
+    /// janitor tries again.
     pub(crate) async fn discard_upload(&self, id: &str) -> Result<(), StorageError> {
-        let removed = async {
-            self.blobs.abort_upload(id).await?;
-            self.meta.delete_upload(id).await
-        }
-        .await;
+        self.blobs.abort_upload(id).await?;
+        self.meta.delete_upload(id).await?;
         self.sessions.remove(id);
-        removed
+        Ok(())
     }
 }

@@ -1,12 +1,14 @@
-//! The service floor: the registry below its routers. The API, the cache tier and the web UI
-//! call it; so do the background work (the job runner and what it runs, the janitor, garbage
-//! collection). It never knows HTTP, and nothing in it imports a router or `AppState`.
+//! The service floor: the registry below its routers. The API and the web UI call it; so does the
+//! background work (the job runner and what it runs, the janitor, garbage collection). The cache
+//! tier keeps nothing in these stores and uses only its configuration and metrics. It never knows
+//! HTTP, and nothing in it imports a router or `AppState`.
 //!
 //! # Who may call the stores directly
 //! A call that touches one store once is atomic by itself, and any caller may make it: a
-//! manifest read, a tag move, listing jobs. An operation that writes **both** stores is a
-//! protocol, and it lives here, written once, because the order of its steps is what keeps a
-//! crash at any moment harmless. `tests/architecture.rs` fails if one of those writes appears
+//! manifest read, a tag move, listing jobs, appending a chunk to an upload session or marking the
+//! session as touched (neither order of those two matters to a crash). An operation whose steps
+//! write **both** stores in an order that matters is a protocol, and it lives here, written once,
+//! because that order is what keeps a crash at any moment harmless. `tests/architecture.rs` fails if one of those writes appears
 //! anywhere else. The protocols, all of one shape (bytes before the row that names them; a row
 //! that names no bytes yet is one the janitor can find):
 //!
@@ -14,10 +16,13 @@
 //!   [`Service::commit_stored_blob`]): the blob store publishes verified bytes, then the metadata
 //!   store links them to a repository, checking under the blob's row lock that the bytes are
 //!   still there (a collection may have removed them in between). A crash after the bytes leaves
-//!   an unreferenced blob, which garbage collection removes.
+//!   bytes no row names: nothing reads them, and a later push of the same blob adopts them
+//!   (docs/gc.md, "Safety").
 //! - **Store a pack** ([`Service::store_pack`]): a row for the pack first, then its bytes, then
 //!   one commit that makes every chunk in it a blob. A crash before the commit leaves a row the
 //!   janitor finds ([`upkeep`]) and deletes, bytes first.
+//! - **Open an upload** ([`Service::open_upload`]): the session's row first, then its place in
+//!   the blob store, so the janitor can always find what a crash left.
 //! - **Commit an upload** ([`Service::publish_upload`]): the blob store moves the session's
 //!   verified bytes into place, the blob is linked, and only then the session row goes. A crash
 //!   in between leaves a session the janitor discards ([`Service::discard_upload`]).
