@@ -24,6 +24,7 @@ mod follow;
 mod gc;
 mod hardening;
 mod hostile;
+mod install;
 mod lifecycle;
 mod mount;
 mod oras;
