@@ -396,7 +396,11 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     )
     .unwrap();
     let data = dir.path().join("data");
-    let args = ["--config", config.to_str().unwrap(), "--job-lease", "2s"];
+    // Short, so the restarted registry takes the job over soon after the kill; long enough that
+    // a renewal (every third of it) delayed by a busy CI machine does not lose the lease to the
+    // runner's other slot, which would start a third attempt and copy the held file again (seen
+    // once on PostgreSQL with 2 s).
+    let args = ["--config", config.to_str().unwrap(), "--job-lease", "6s"];
     let server = Server::start_on(&data, &args);
     let volume = format!("{}/weights/tiny", server.addr);
     let id = vial_ok(
@@ -431,26 +435,35 @@ fn a_hub_sync_killed_with_its_registry_resumes_without_copying_finished_files() 
     let pinned = vial_ok(&home, &["sync", "status", &volume, &id, "--wait"]);
 
     let downloads = hub.downloads();
+    let job = status(&home, &volume, &id);
+    // What the restarted registry logged (warnings and up), for a failure below.
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
     for (path, _) in &files[..3] {
         assert_eq!(
             downloads.get(*path),
             Some(&1),
-            "{path} was copied again: {downloads:?}"
+            "{path} was copied again: {downloads:?}\n{logged}"
         );
     }
-    assert_eq!(downloads.get(last), Some(&2), "{downloads:?}");
+    assert_eq!(job["state"], "done");
+    // Each attempt reads the file no attempt finished at most once: the killed one did and the one
+    // that finished did, and an attempt between them that a transient failure ended may have
+    // (CI once saw three reads).
+    let attempts = job["attempts"].as_u64().unwrap() as usize;
+    let reads = downloads.get(last).copied().unwrap_or(0);
+    assert!(
+        (2..=attempts).contains(&reads),
+        "{last} read {reads} times in {attempts} attempts: {downloads:?}\n{logged}"
+    );
     assert_eq!(
         downloads.get("README.md"),
         None,
         "excluded files are not read"
     );
-    let job = status(&home, &volume, &id);
-    assert_eq!(job["state"], "done");
-    assert_eq!(job["attempts"], 2);
     assert_eq!(
         job["progress"]["bytes-read"],
         1 << 20,
-        "the second attempt read only the last file"
+        "the last attempt read only the last file"
     );
 
     // The resumed job sealed what an uninterrupted sync, and a push of the same files, seal.
