@@ -232,19 +232,18 @@ pub(super) async fn upload(
             Ok(bytes)
         }
     }));
-    let refused = |why: Option<String>| match why {
-        Some(why) => invalid(ErrorCode::DigestInvalid, why),
-        None => invalid(
-            ErrorCode::BlobUploadInvalid,
-            "the pack's bytes did not arrive whole",
-        ),
-    };
     let id = match state.store_pack(repo, &packed, size, teed, verify).await {
         Ok(Some(id)) => id,
         Ok(None) => {
             let why = failure.lock().ok().and_then(|w| w.clone());
             tracing::info!(%repo, why, "pack refused");
-            return Err(refused(why));
+            return Err(match why {
+                Some(why) => invalid(ErrorCode::DigestInvalid, why),
+                None => invalid(
+                    ErrorCode::BlobUploadInvalid,
+                    "the pack's bytes did not arrive whole",
+                ),
+            });
         }
         Err(crate::storage::StorageError::BodyFailed(e)) => {
             return Err(invalid(

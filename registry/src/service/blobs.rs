@@ -79,23 +79,28 @@ impl Service {
         let id = PackId::random();
         // The row first: if this process dies while the bytes are stored, the janitor finds them.
         self.meta.begin_pack(&id, size).await?;
-        let stored = self.blobs.put_pack(&id, bytes, size, verify).await;
-        if !matches!(stored, Ok(true)) {
-            // Nothing was published, or nothing that will be named: forget the pack now.
-            let _ = self.meta.drop_pack(&id).await;
-        }
-        if !stored? {
-            return Ok(None);
+        match self.blobs.put_pack(&id, bytes, size, verify).await {
+            Ok(true) => {}
+            refused_or_failed => {
+                // Nothing was published, or nothing that will be named: forget the pack now.
+                let _ = self.meta.drop_pack(&id).await;
+                return refused_or_failed.map(|_| None);
+            }
         }
         if let Err(e) = self.meta.commit_pack(repo, &id, size, chunks).await {
             // Not committed, so nothing names the pack: take its bytes back (the janitor would).
-            if self.blobs.delete_pack(&id).await.is_ok() {
-                let _ = self.meta.drop_pack(&id).await;
-            }
+            let _ = self.remove_pack(&id).await;
             return Err(e);
         }
         self.metrics.record_pack(chunks.len() as u64);
         Ok(Some(id))
+    }
+
+    /// Removes a pack nothing names: its bytes, then its row (which stays, for the janitor to try
+    /// again, if the bytes could not be removed).
+    pub(crate) async fn remove_pack(&self, id: &PackId) -> Result<(), StorageError> {
+        self.blobs.delete_pack(id).await?;
+        self.meta.drop_pack(id).await
     }
 
     /// Publishes the bytes of upload session `id`, which the caller has verified are `digest`,

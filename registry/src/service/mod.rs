@@ -8,9 +8,9 @@
 //! manifest read, a tag move, listing jobs, appending a chunk to an upload session or marking the
 //! session as touched (neither order of those two matters to a crash). An operation whose steps
 //! write **both** stores in an order that matters is a protocol, and it lives here, written once,
-//! because that order is what keeps a crash at any moment harmless. `tests/architecture.rs` fails if one of those writes appears
-//! anywhere else. The protocols, all of one shape (bytes before the row that names them; a row
-//! that names no bytes yet is one the janitor can find):
+//! because that order is what keeps a crash at any moment harmless. `tests/architecture.rs`
+//! fails if one of those writes appears anywhere else. The protocols, all of one shape (bytes
+//! before the row that names them; a row that names no bytes yet is one the janitor can find):
 //!
 //! - **Put a blob** ([`Service::put_blob`], [`Service::put_streamed_blob`],
 //!   [`Service::commit_stored_blob`]): the blob store publishes verified bytes, then the metadata
@@ -20,7 +20,7 @@
 //!   (docs/gc.md, "Safety").
 //! - **Store a pack** ([`Service::store_pack`]): a row for the pack first, then its bytes, then
 //!   one commit that makes every chunk in it a blob. A crash before the commit leaves a row the
-//!   janitor finds ([`upkeep`]) and deletes, bytes first.
+//!   janitor finds ([`upkeep`]) and removes, bytes first ([`Service::remove_pack`]).
 //! - **Open an upload** ([`Service::open_upload`]): the session's row first, then its place in
 //!   the blob store, so the janitor can always find what a crash left.
 //! - **Commit an upload** ([`Service::publish_upload`]): the blob store moves the session's

@@ -86,12 +86,7 @@ async fn sweep_uncommitted_packs(service: &Service, cutoff: i64) {
         }
     };
     for pack in stale {
-        let removed = async {
-            service.blobs.delete_pack(&pack).await?;
-            service.meta.drop_pack(&pack).await
-        }
-        .await;
-        match removed {
+        match service.remove_pack(&pack).await {
             Ok(()) => tracing::info!(%pack, "janitor removed a pack that was never committed"),
             Err(e) => {
                 tracing::warn!(%pack, error = %error::error_chain(&e), "could not remove an uncommitted pack")
