@@ -572,6 +572,43 @@ fn store_writes(code: &str) -> Vec<&'static str> {
         .collect()
 }
 
+/// Outside the registry's cache tier (a proxy, which checks each chunk as it keeps it), chunks
+/// are read in bulk only through the client's run reader, which hands out no byte unverified:
+/// no program reads raw bulk bytes and splits them into chunks itself.
+#[test]
+fn chunks_are_read_in_runs_only() {
+    const READER: &str = "client/src/registry/runs.rs";
+    let mut broken = Vec::new();
+    for krate in [
+        "client",
+        "snapshotter",
+        "cli",
+        "oras-compat",
+        "conformance",
+        "bench",
+    ] {
+        for file in sources(&root().join(krate)) {
+            let from = file
+                .strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let code: String = code_of(&std::fs::read_to_string(&file).unwrap())
+                .split_whitespace()
+                .collect();
+            if from != READER && code.contains(".read_chunks(") {
+                broken.push(format!("{from} reads chunks in bulk itself"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+    let reader = std::fs::read_to_string(root().join(READER)).unwrap();
+    assert!(
+        reader.contains(".read_chunks("),
+        "the run reader no longer reads in bulk"
+    );
+}
+
 /// The checker itself: a circle it is shown is a circle it finds, and use trees expand.
 #[test]
 fn the_checker_sees_use_trees_and_circles() {

@@ -122,7 +122,11 @@ pub fn run_push(args: PushArgs) -> anyhow::Result<()> {
         std::io::stderr().is_terminal() && !args.json,
     );
     block_on(async {
-        let (layout, report, sealed_tag) = push::push(
+        let push::Pushed {
+            layout,
+            report,
+            tag: sealed_tag,
+        } = push::push(
             &registry,
             reference.repo(),
             &args.dir,

@@ -58,7 +58,7 @@ fn read_config() -> Result<Option<(PathBuf, DockerConfig)>, ClientError> {
     match std::fs::read(&path) {
         Ok(bytes) => {
             let config = serde_json::from_slice(&bytes).map_err(|e| {
-                ClientError::Invalid(format!("{} is not valid JSON: {e}", path.display()))
+                ClientError::Credentials(format!("{} is not valid JSON: {e}", path.display()))
             })?;
             Ok(Some((path, config)))
         }
@@ -86,12 +86,13 @@ pub fn credentials_for(registry: &str) -> Result<Option<Credentials>, ClientErro
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
         .map_err(|_| {
-            ClientError::Invalid(format!("credentials for {registry} are not valid base64"))
+            ClientError::Credentials(format!("credentials for {registry} are not valid base64"))
         })?;
-    let text = String::from_utf8(decoded)
-        .map_err(|_| ClientError::Invalid(format!("credentials for {registry} are not UTF-8")))?;
+    let text = String::from_utf8(decoded).map_err(|_| {
+        ClientError::Credentials(format!("credentials for {registry} are not UTF-8"))
+    })?;
     let (username, password) = text.split_once(':').ok_or_else(|| {
-        ClientError::Invalid(format!("credentials for {registry} are not user:password"))
+        ClientError::Credentials(format!("credentials for {registry} are not user:password"))
     })?;
     Ok(Some(Credentials {
         username: username.to_owned(),
@@ -106,7 +107,7 @@ pub fn store_credentials(registry: &str, creds: &Credentials) -> Result<PathBuf,
         Some(found) => found,
         None => (
             docker_config_path().ok_or_else(|| {
-                ClientError::Invalid("neither DOCKER_CONFIG nor HOME is set".into())
+                ClientError::Credentials("neither DOCKER_CONFIG nor HOME is set".into())
             })?,
             DockerConfig::default(),
         ),
@@ -118,8 +119,7 @@ pub fn store_credentials(registry: &str, creds: &Credentials) -> Result<PathBuf,
         std::fs::create_dir_all(dir).map_err(|e| ClientError::io(dir, e))?;
     }
     let tmp = path.with_extension("json.vial-tmp");
-    let bytes =
-        serde_json::to_vec_pretty(&config).map_err(|e| ClientError::Invalid(e.to_string()))?;
+    let bytes = serde_json::to_vec_pretty(&config)?;
     {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;

@@ -27,10 +27,7 @@ impl ReadAt for OnDisk<'_> {
     fn read_exact_at(&mut self, buf: &mut [u8], offset: u64) -> Result<(), ClientError> {
         self.file.read_exact_at(buf, offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                ClientError::Invalid(format!(
-                    "{} shrank while it was being read",
-                    self.path.display()
-                ))
+                file_shrank(self.path)
             } else {
                 ClientError::io(self.path, e)
             }
@@ -243,8 +240,7 @@ fn fill(
     offset: u64,
     want: usize,
 ) -> Result<bool, ClientError> {
-    let shrank =
-        || ClientError::Invalid(format!("{} shrank while it was being read", path.display()));
+    let shrank = || file_shrank(path);
     if direct {
         let delta = (offset % ALIGN as u64) as usize;
         let from = at - delta;
@@ -388,6 +384,14 @@ pub fn chunk_segment_owned(
         }
     }
     Ok(())
+}
+
+/// A file that ended early while a push was reading it.
+fn file_shrank(path: &Path) -> ClientError {
+    ClientError::ChangedDuringPush {
+        paths: vec![path.to_path_buf()],
+        how: "it shrank while it was being read".into(),
+    }
 }
 
 #[cfg(test)]

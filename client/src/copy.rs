@@ -20,7 +20,7 @@ use vial_core::manifest::summarize;
 use vial_core::{Digest, RepoName, Tag, Target};
 
 use crate::progress::{Event, Progress};
-use crate::{ClientError, Manifest, Registry};
+use crate::{plan_runs, ClientError, Manifest, Registry, RunSize};
 
 /// Bytes of blobs held in memory at once while they pass from one registry to the other.
 const IN_FLIGHT_BYTES: u64 = 512 << 20;
@@ -115,22 +115,26 @@ pub async fn copy(
         let (small, mut single): (Vec<Digest>, Vec<Digest>) = missing
             .into_iter()
             .partition(|d| sizes.get(d).is_some_and(|&n| n <= BULK_BLOB_MAX));
-        let left: Vec<Vec<Digest>> = futures_util::stream::iter(into_runs(small, &sizes))
-            .map(|run| {
-                let (copied, bytes, sizes) = (&copied, &bytes, &sizes);
-                async move {
-                    let Some(moved) = copy_run(at, &run, sizes).await? else {
-                        return Ok::<_, ClientError>(run);
-                    };
-                    copied.fetch_add(run.len() as u64, Ordering::Relaxed);
-                    bytes.fetch_add(moved, Ordering::Relaxed);
-                    progress.event(Event::Transferred(moved));
-                    Ok(Vec::new())
-                }
-            })
-            .buffer_unordered(RUNS_IN_FLIGHT)
-            .try_collect()
-            .await?;
+        let left: Vec<Vec<Digest>> = futures_util::stream::iter(plan_runs(
+            small,
+            |d| sizes.get(d).copied().unwrap_or(0),
+            RunSize::COPY,
+        ))
+        .map(|run| {
+            let (copied, bytes, sizes) = (&copied, &bytes, &sizes);
+            async move {
+                let Some(moved) = copy_run(at, &run, sizes).await? else {
+                    return Ok::<_, ClientError>(run);
+                };
+                copied.fetch_add(run.len() as u64, Ordering::Relaxed);
+                bytes.fetch_add(moved, Ordering::Relaxed);
+                progress.event(Event::Transferred(moved));
+                Ok(Vec::new())
+            }
+        })
+        .buffer_unordered(RUNS_IN_FLIGHT)
+        .try_collect()
+        .await?;
         single.extend(left.into_iter().flatten());
         single
     };
@@ -150,7 +154,7 @@ pub async fn copy(
                 let first = budget
                     .acquire_many(8 << 20)
                     .await
-                    .map_err(|e| ClientError::Invalid(e.to_string()))?;
+                    .map_err(|_| ClientError::Cancelled)?;
                 let data = src.get_blob(src_repo, &d, None).await?;
                 // Capped so that one waiter can always be served while every task holds its
                 // first share: no deadlock, whatever the blob sizes.
@@ -159,7 +163,7 @@ pub async fn copy(
                 let _rest = budget
                     .acquire_many(extra as u32)
                     .await
-                    .map_err(|e| ClientError::Invalid(e.to_string()))?;
+                    .map_err(|_| ClientError::Cancelled)?;
                 let len = data.len() as u64;
                 dst.push_blob(dst_repo, &d, data).await?;
                 drop(first);
@@ -228,31 +232,8 @@ pub async fn copy(
 
 /// Blobs at most this large travel in bulk between vial registries (a chunk is at most 8 MiB).
 const BULK_BLOB_MAX: u64 = 8 << 20;
-/// Bytes and blobs one bulk copy moves at most (the registries take 8192 blobs at once).
-const RUN_BYTES: u64 = 32 << 20;
-const RUN_BLOBS: usize = 4096;
 /// Bulk copies in flight at once.
 const RUNS_IN_FLIGHT: usize = 4;
-
-/// Blobs cut into runs of up to [`RUN_BYTES`] and [`RUN_BLOBS`], in the order given.
-fn into_runs(blobs: Vec<Digest>, sizes: &HashMap<Digest, u64>) -> Vec<Vec<Digest>> {
-    let mut runs: Vec<Vec<Digest>> = Vec::new();
-    let mut bytes = 0;
-    for d in blobs {
-        let size = sizes.get(&d).copied().unwrap_or(0);
-        match runs.last_mut() {
-            Some(run) if bytes + size <= RUN_BYTES && run.len() < RUN_BLOBS => {
-                bytes += size;
-                run.push(d);
-            }
-            _ => {
-                bytes = size;
-                runs.push(vec![d]);
-            }
-        }
-    }
-    runs
-}
 
 /// Copies a run of blobs in one bulk read from the source and one pack to the destination, each
 /// blob checked against its digest on the way. `None` when the source has no bulk reads (the
@@ -263,43 +244,17 @@ async fn copy_run(
     run: &[Digest],
     sizes: &HashMap<Digest, u64>,
 ) -> Result<Option<u64>, ClientError> {
-    let Some(mut stream) = at.src.read_chunks(at.src_repo, run).await? else {
-        return Ok(None);
-    };
     let list: Vec<(Digest, u64)> = run
         .iter()
         .map(|d| (d.clone(), sizes.get(d).copied().unwrap_or(0)))
         .collect();
+    let Some(mut blobs) = at.src.read_run_in_bulk(at.src_repo, &list).await? else {
+        return Ok(None);
+    };
     let total: u64 = list.iter().map(|(_, n)| n).sum();
-    let mut body = bytes::BytesMut::with_capacity(total as usize);
-    while let Some(frame) = stream.next().await {
-        body.extend_from_slice(&frame?);
-        if body.len() as u64 > total {
-            break;
-        }
-    }
-    if body.len() as u64 != total {
-        return Err(ClientError::InvalidVolume(format!(
-            "a bulk read of {} blobs returned {} bytes, not {total}",
-            run.len(),
-            body.len()
-        )));
-    }
-    let body = body.freeze();
     let mut parts = Vec::with_capacity(list.len());
-    let mut offset = 0usize;
-    for (digest, size) in &list {
-        let part = body.slice(offset..offset + *size as usize);
-        offset += *size as usize;
-        let actual = digest.algorithm().digest_bytes(&part);
-        if actual != *digest {
-            return Err(ClientError::DigestMismatch {
-                what: format!("blob of {size} bytes from {}", at.src_repo),
-                expected: digest.clone(),
-                actual,
-            });
-        }
-        parts.push(part);
+    while let Some(blob) = blobs.next().await {
+        parts.push(blob?.verify()?.into_bytes());
     }
     if !at.dst.push_pack(at.dst_repo, &list, parts.clone()).await? {
         for ((digest, _), part) in list.iter().zip(parts) {

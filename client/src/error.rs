@@ -41,6 +41,12 @@ pub enum ClientError {
         expected: Digest,
         actual: Digest,
     },
+    #[error("chunk {digest} arrived as {actual} bytes, not the {expected} the volume lists")]
+    WrongSize {
+        digest: Digest,
+        expected: u64,
+        actual: u64,
+    },
     #[error("registry answered {status} to {action}: {code} {message}")]
     Registry {
         action: String,
@@ -60,6 +66,44 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// A local file or directory that cannot be part of a volume.
+    #[error("{} cannot be pushed: {why}", .path.display())]
+    NotPushable { path: PathBuf, why: String },
+    /// Something other than what a pull would put there holds one of its paths.
+    #[error("{} is in the way: {why}", .path.display())]
+    InTheWay { path: PathBuf, why: &'static str },
+    /// A registry's answer that no registry following the protocol gives.
+    #[error("{registry} broke the protocol: {what}")]
+    Protocol { registry: String, what: String },
+    /// A registry without one of vial's extensions a command needs.
+    #[error("{registry} does not offer {what} (not a vial registry?)")]
+    NotVial {
+        registry: String,
+        what: &'static str,
+    },
+    /// Docker's credential configuration cannot be read or written as it is.
+    #[error("{0}")]
+    Credentials(String),
+    #[error("cannot encode a request")]
+    Encode(#[from] serde_json::Error),
+    /// A file that changed under a push: what was hashed is not what would be sent.
+    #[error("{} changed while it was being pushed ({how})", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    ChangedDuringPush { paths: Vec<PathBuf>, how: String },
+    /// A background task of the client's that ended without finishing its work.
+    #[error("the {what} task failed")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    #[error("a {0} thread panicked")]
+    Panicked(&'static str),
+    /// The work was given up (its receiver or its limits were dropped): another error says why.
+    #[error("the transfer was cancelled")]
+    Cancelled,
+    /// What was scanned cannot form a volume (a path the format refuses, two entries at one).
+    #[error(transparent)]
+    Tree(#[from] vial_core::volume::TreeError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -97,6 +141,11 @@ impl ClientError {
             return ClientError::DiskFull(path);
         }
         ClientError::Io { path, source }
+    }
+
+    /// How a background task's failure reads: `what` is the task.
+    pub(crate) fn task(what: &'static str) -> impl Fn(tokio::task::JoinError) -> ClientError {
+        move |source| ClientError::Task { what, source }
     }
 
     /// Whether trying the same request again may succeed.

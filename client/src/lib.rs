@@ -19,6 +19,7 @@ pub mod volume;
 
 pub use error::{ClientError, Expected};
 pub use registry::{
-    GcJob, LeaseInfo, Manifest, Mirror, Registry, RegistryOptions, RestoreReport, SealStatus,
-    SyncJob, SyncProgress, SyncRequest, TagEventInfo, VersionInfo, IDLE_CONNECTION,
+    plan_runs, Arrived, ChunkRun, GcJob, LeaseInfo, Manifest, Mirror, Registry, RegistryOptions,
+    RestoreReport, RunSize, SealStatus, SyncJob, SyncProgress, SyncRequest, TagEventInfo, Verified,
+    VersionInfo, IDLE_CONNECTION,
 };

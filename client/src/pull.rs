@@ -17,14 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures_util::StreamExt;
 use vial_core::volume::{EntryKind, Tree};
 use vial_core::{Algorithm, Digest, RepoName, Target};
 
 use crate::fds;
 use crate::progress::{Event, Progress};
 use crate::volume::{self, Version};
-use crate::{ClientError, Registry};
+use crate::{plan_runs, Arrived, ClientError, Registry, RunSize, Verified};
 
 #[derive(Debug, Clone)]
 pub struct PullOptions {
@@ -116,32 +115,15 @@ impl SeedIndex {
     }
 }
 
-/// Bytes one bulk read asks for: small enough that `runs` of them stay well inside the memory
-/// budget, large enough that a request per run costs nothing next to its bytes.
-const RUN_BYTES: u64 = 16 << 20;
-/// Chunks one bulk read asks for (the registry takes up to 8192).
-const RUN_CHUNKS: usize = 2048;
-
 /// Chunks (with where their bytes go) fetched in one request.
 type Run = Vec<(u32, Vec<(usize, u64)>)>;
 
 fn into_runs(tree: &Tree, chunks: Vec<(u32, Vec<(usize, u64)>)>) -> Vec<Run> {
-    let mut runs: Vec<Run> = Vec::new();
-    let mut size = 0;
-    for (chunk, places) in chunks {
-        let len = tree.chunks[chunk as usize].size;
-        match runs.last_mut() {
-            Some(run) if size + len <= RUN_BYTES && run.len() < RUN_CHUNKS => {
-                size += len;
-                run.push((chunk, places));
-            }
-            _ => {
-                size = len;
-                runs.push(vec![(chunk, places)]);
-            }
-        }
-    }
-    runs
+    plan_runs(
+        chunks,
+        |(chunk, _)| tree.chunks[*chunk as usize].size,
+        RunSize::PULL,
+    )
 }
 
 /// Orders runs so that those in flight at once fall in different files, taking each file's runs
@@ -203,27 +185,10 @@ impl Writer {
         }
     }
 
-    /// Checks a chunk, as the frames it arrived in, against its digest, then writes it everywhere
-    /// it goes.
-    fn put(
-        &self,
-        chunk: &vial_core::volume::ChunkRef,
-        frames: &[bytes::Bytes],
-        places: &[(usize, u64)],
-    ) -> Result<(), ClientError> {
+    /// Writes a verified chunk, as the frames it arrived in, everywhere it goes.
+    fn put(&self, chunk: &Verified, places: &[(usize, u64)]) -> Result<(), ClientError> {
+        let frames = &chunk.frames;
         let len: u64 = frames.iter().map(|f| f.len() as u64).sum();
-        let mut hasher = chunk.digest.algorithm().hasher();
-        for f in frames {
-            hasher.update(f);
-        }
-        let actual = hasher.finish();
-        if len != chunk.size || actual != chunk.digest {
-            return Err(ClientError::DigestMismatch {
-                what: format!("chunk of {} bytes", chunk.size),
-                expected: chunk.digest.clone(),
-                actual,
-            });
-        }
         for &(file, offset) in places {
             let path = &self.targets[file].write_to;
             let f = self
@@ -249,9 +214,9 @@ impl Writer {
     }
 }
 
-/// Fetches a run of chunks in one bulk read (or one by one from a registry without them). Each
-/// chunk is handed, as the frames it arrived in (no copy), to a blocking thread that checks its
-/// digest and then writes it: nothing is written before it is verified.
+/// Fetches a run of chunks ([`Registry::read_run`]). Each chunk is handed, as the frames it
+/// arrived in (no copy), to a blocking thread that verifies it and then writes it: nothing is
+/// written before it is verified.
 async fn fetch_run(
     registry: &Registry,
     repo: &RepoName,
@@ -261,80 +226,38 @@ async fn fetch_run(
     progress: &dyn Progress,
     downloaded: &AtomicU64,
 ) -> Result<(), ClientError> {
-    let digests: Vec<Digest> = run
+    let chunks: Vec<(Digest, u64)> = run
         .iter()
-        .map(|(c, _)| tree.chunks[*c as usize].digest.clone())
+        .map(|(c, _)| {
+            let chunk = &tree.chunks[*c as usize];
+            (chunk.digest.clone(), chunk.size)
+        })
         .collect();
-    let len: u64 = run.iter().map(|(c, _)| tree.chunks[*c as usize].size).sum();
-    let run = Arc::new(run);
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Vec<bytes::Bytes>)>(4);
+    let len: u64 = chunks.iter().map(|(_, n)| n).sum();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Arrived>(4);
     let sink = {
-        let (tree, writer, run) = (Arc::clone(tree), Arc::clone(writer), Arc::clone(&run));
+        let writer = Arc::clone(writer);
         tokio::task::spawn_blocking(move || {
-            while let Some((i, frames)) = rx.blocking_recv() {
-                let (chunk, places) = &run[i];
-                writer.put(&tree.chunks[*chunk as usize], &frames, places)?;
+            while let Some(arrived) = rx.blocking_recv() {
+                let chunk = arrived.verify()?;
+                let (_, places) = &run[chunk.index];
+                writer.put(&chunk, places)?;
             }
             Ok::<_, ClientError>(())
         })
     };
     let received = async {
-        let Some(mut stream) = registry.read_chunks(repo, &digests).await? else {
-            // One request per chunk: what any OCI registry serves.
-            for (i, d) in digests.iter().enumerate() {
-                let bytes = registry.get_blob_unverified(repo, d, None).await?;
-                if tx.send((i, vec![bytes])).await.is_err() {
-                    break; // The writer failed; its error is reported.
-                }
-            }
-            return Ok(());
-        };
-        let size = |i: usize| run.get(i).map(|(c, _)| tree.chunks[*c as usize].size);
-        let (mut i, mut have) = (0, 0u64);
-        let mut frames: Vec<bytes::Bytes> = Vec::new();
-        loop {
-            // Hand over every chunk that is complete (chunks of zero bytes are at once).
-            while size(i) == Some(have) {
-                if tx.send((i, std::mem::take(&mut frames))).await.is_err() {
-                    return Ok(());
-                }
-                (i, have) = (i + 1, 0);
-            }
-            let Some(frame) = stream.next().await else {
-                break;
-            };
-            let mut frame = frame?;
-            while !frame.is_empty() {
-                let Some(size) = size(i) else {
-                    return Err(ClientError::InvalidVolume(format!(
-                        "a bulk read of {} chunks returned more bytes than they hold",
-                        run.len()
-                    )));
-                };
-                let take = ((size - have) as usize).min(frame.len());
-                frames.push(frame.split_to(take));
-                have += take as u64;
-                if have == size {
-                    if tx.send((i, std::mem::take(&mut frames))).await.is_err() {
-                        return Ok(());
-                    }
-                    (i, have) = (i + 1, 0);
-                }
+        let mut chunks = registry.read_run(repo, &chunks).await?;
+        while let Some(arrived) = chunks.next().await {
+            if tx.send(arrived?).await.is_err() {
+                break; // The writer failed; its error is reported.
             }
         }
-        if i != run.len() {
-            return Err(ClientError::InvalidVolume(format!(
-                "a bulk read of {} chunks ended after {i}",
-                run.len()
-            )));
-        }
-        Ok(())
+        Ok::<_, ClientError>(())
     }
     .await;
     drop(tx);
-    let written = sink
-        .await
-        .map_err(|e| ClientError::Invalid(format!("write task failed: {e}")))?;
+    let written = sink.await.map_err(ClientError::task("write"))?;
     received?;
     written?;
     downloaded.fetch_add(len, Ordering::Relaxed);
@@ -395,7 +318,7 @@ pub async fn pull(
     let (files, t, s) = (Arc::clone(&tree), dest.clone(), Arc::clone(&seeds));
     let targets = tokio::task::spawn_blocking(move || prepare(&t, &files, &s))
         .await
-        .map_err(|e| ClientError::Invalid(format!("prepare failed: {e}")))??;
+        .map_err(ClientError::task("prepare"))??;
     let targets = Arc::new(targets);
     progress.event(Event::Scanned {
         files: targets.len() as u64,
@@ -436,7 +359,7 @@ pub async fn pull(
         Ok::<_, ClientError>((wanted, present, copied))
     })
     .await
-    .map_err(|e| ClientError::Invalid(format!("verify failed: {e}")))??;
+    .map_err(ClientError::task("verify"))??;
     progress.event(Event::Hashed(present_bytes + linked_bytes + copied_bytes));
     let needed: u64 = wanted.keys().map(|c| tree.chunks[*c as usize].size).sum();
     progress.event(Event::Needed(needed));
@@ -484,7 +407,7 @@ pub async fn pull(
             break;
         };
         let result = joined
-            .map_err(|e| ClientError::Invalid(format!("download task failed: {e}")))
+            .map_err(ClientError::task("download"))
             .and_then(|r| r);
         // The first failure stops new runs; those in flight finish, and it is reported.
         if let Err(e) = result {
@@ -500,7 +423,7 @@ pub async fn pull(
     let fsync = options.fsync;
     tokio::task::spawn_blocking(move || finish(&t, &dest, &tr, fsync))
         .await
-        .map_err(|e| ClientError::Invalid(format!("finish failed: {e}")))??;
+        .map_err(ClientError::task("finish"))??;
 
     Ok(PullReport {
         digest: digest.to_string(),
@@ -545,20 +468,20 @@ fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget
             EntryKind::Dir { .. } => match existing {
                 Some(m) if m.is_dir() => {}
                 Some(_) => {
-                    return Err(ClientError::Invalid(format!(
-                        "{} exists and is not a directory",
-                        path.display()
-                    )))
+                    return Err(ClientError::InTheWay {
+                        path,
+                        why: "it is not a directory",
+                    })
                 }
                 None => std::fs::create_dir(&path).map_err(|e| ClientError::io(&path, e))?,
             },
             EntryKind::Symlink { target } => {
                 if let Some(m) = existing {
                     if m.is_dir() {
-                        return Err(ClientError::Invalid(format!(
-                            "{} exists and is a directory, not a symlink",
-                            path.display()
-                        )));
+                        return Err(ClientError::InTheWay {
+                            path,
+                            why: "it is a directory, not a symlink",
+                        });
                     }
                     std::fs::remove_file(&path).map_err(|e| ClientError::io(&path, e))?;
                 }
@@ -569,10 +492,10 @@ fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget
                     .as_ref()
                     .is_some_and(|m| m.is_file() && m.len() == *size);
                 if existing.as_ref().is_some_and(|m| m.is_dir()) {
-                    return Err(ClientError::Invalid(format!(
-                        "{} exists and is a directory, not a file",
-                        path.display()
-                    )));
+                    return Err(ClientError::InTheWay {
+                        path,
+                        why: "it is a directory, not a file",
+                    });
                 }
                 // A seed holding this very content: link it (or find it linked by a pull that
                 // was interrupted). Where links cannot be made (another filesystem), its chunks

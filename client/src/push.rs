@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use vial_core::chunking::{Cutter, DEFAULT_PARAMS};
 use vial_core::safetensors::Segment;
-use vial_core::volume::{build_layout, ChunkRef, ChunkingInfo, Layout, TreeBuilder};
+use vial_core::volume::{build_layout, ChunkRef, ChunkingInfo, Layout, Tree, TreeBuilder};
 use vial_core::{media, Digest, RepoName};
 
 use crate::chunker::{self, FileChunk, ReadBuffers};
@@ -127,50 +127,31 @@ struct Stats {
     bytes_read: AtomicU64,
 }
 
-/// Pushes `dir` as a new version of `repo` and returns the sealed layout (its index digest is the
-/// version), a report, and what became of `options.seal_tag`: a tag the registry refused (moved
-/// meanwhile, protected) leaves the version sealed by digest and is reported there, not as a
-/// failed push. Other tags: see [`tag_version`].
+/// What a push produced.
+#[derive(Debug)]
+pub struct Pushed {
+    /// The sealed version: its index digest names it.
+    pub layout: Layout,
+    pub report: PushReport,
+    /// What became of `options.seal_tag`: a tag the registry refused (moved meanwhile, protected)
+    /// leaves the version sealed by digest and is reported here, not as a failed push. Other
+    /// tags: see [`tag_version`].
+    pub tag: Result<(), ClientError>,
+}
+
+/// Pushes `dir` as a new version of `repo`, in four stages: [`Plan::scan`] the directory,
+/// hash its files on threads ([`hash_all`]), check and upload what the registry lacks as the
+/// chunks arrive ([`Uploads`]), then build the tree ([`Plan::finish`]) and [`seal`] it.
 pub async fn push(
     registry: &Registry,
     repo: &RepoName,
     dir: &Path,
     options: &PushOptions,
     progress: Arc<dyn Progress>,
-) -> Result<(Layout, PushReport, Result<(), ClientError>), ClientError> {
+) -> Result<Pushed, ClientError> {
     let started = Instant::now();
     let cutter = Cutter::new(DEFAULT_PARAMS);
-    let chunking = ChunkingInfo::v1(DEFAULT_PARAMS);
-    let root = dir.to_path_buf();
-    let entries = tokio::task::spawn_blocking(move || scan::scan(&root))
-        .await
-        .map_err(|e| ClientError::Invalid(format!("scan failed: {e}")))??;
-
-    let mut index = options
-        .index_path
-        .as_ref()
-        .map(|p| LocalIndex::load(p, &chunking.algorithm))
-        .unwrap_or_default();
-    let mut builder = TreeBuilder::new(chunking.clone());
-    let mut files: Vec<FileJob> = Vec::new();
-    for (path, scanned) in &entries {
-        let tree_err = |e: vial_core::volume::TreeError| ClientError::Invalid(e.to_string());
-        match scanned {
-            Scanned::Dir => builder.add_dir(path).map_err(tree_err)?,
-            Scanned::Symlink { target } => builder.add_symlink(path, target).map_err(tree_err)?,
-            Scanned::File { abs, mode, stamp } => files.push(FileJob {
-                path: path.clone(),
-                abs: Arc::new(abs.clone()),
-                mode: *mode,
-                stamp: stamp.clone(),
-                cached: if options.rehash {
-                    None
-                } else {
-                    index.lookup(path, stamp).map(<[_]>::to_vec)
-                },
-            }),
-        }
-    }
+    let (plan, files) = Plan::scan(dir, options).await?;
     let total_bytes: u64 = files.iter().map(|f| f.stamp.size).sum();
     progress.event(Event::Scanned {
         files: files.len() as u64,
@@ -178,11 +159,9 @@ pub async fn push(
     });
     let files = Arc::new(files);
 
-    // Stage 1: plan and hash on blocking threads.
     let buffers = ReadBuffers::new(&cutter, read_buffers(options.max_in_flight, &cutter));
     let starved = buffers.starved();
-    let mut starving = false;
-    let (tx, mut rx) = mpsc::channel::<Hashed>(1024);
+    let (tx, rx) = mpsc::channel::<Hashed>(1024);
     let stats = Arc::new(Stats::default());
     let hashing = {
         let files = Arc::clone(&files);
@@ -193,165 +172,14 @@ pub async fn push(
             hash_all(&files, &cutter, threads, &buffers, &tx, &*progress, &stats)
         })
     };
+    let mut uploads = Uploads::new(registry, repo, &files, options, &progress, &stats);
+    uploads.collect(rx, &starved).await?;
+    hashing.await.map_err(ClientError::task("hashing"))??;
+    let per_file = uploads.finish().await?;
 
-    // Stages 2 and 3: check and upload as chunks arrive.
-    // Each file's chunks by segment, appended as the hashers hand them on.
-    let mut per_file: Vec<Vec<Vec<FileChunk>>> = vec![Vec::new(); files.len()];
-    let mut seen: HashSet<Digest> = HashSet::new();
-    let mut pending: Vec<ChunkLoc> = Vec::new();
-    let mut unsent: Vec<ChunkLoc> = Vec::new();
-    let mut uploads: JoinSet<Result<(), ClientError>> = JoinSet::new();
-    let count_limit = Arc::new(Semaphore::new(options.uploads.max(1)));
-    let mib_limit = Arc::new(Semaphore::new(
-        ((options.max_in_flight >> 20).max(PACK_TARGET >> 20)) as usize,
-    ));
-    let pool = BufferPool::new(POOLED);
-    let mut closed = false;
-    while !closed {
-        // Take everything available, then flush a batch if it is full or the hashers paused.
-        let msg = if pending.len() >= CHECK_BATCH {
-            None
-        } else if pending.is_empty() {
-            tokio::select! {
-                m = rx.recv() => m.map(Some).unwrap_or_else(|| {
-                    closed = true;
-                    None
-                }),
-                () = starved.notified() => {
-                    starving = true;
-                    None
-                }
-            }
-        } else {
-            match rx.try_recv() {
-                Ok(m) => Some(m),
-                Err(mpsc::error::TryRecvError::Empty) => None,
-                Err(mpsc::error::TryRecvError::Disconnected) => {
-                    closed = true;
-                    None
-                }
-            }
-        };
-        if let Some((file, seg, chunks)) = msg {
-            let slots = &mut per_file[file];
-            if slots.len() <= seg {
-                slots.resize(seg + 1, Vec::new());
-            }
-            for (c, bytes) in chunks {
-                if seen.insert(c.digest.clone()) {
-                    pending.push(ChunkLoc {
-                        digest: c.digest.clone(),
-                        abs: Arc::clone(&files[file].abs),
-                        offset: c.offset,
-                        len: c.len,
-                        bytes,
-                    });
-                }
-                slots[seg].push(c);
-            }
-            if pending.len() < CHECK_BATCH {
-                continue;
-            }
-        }
-        if !pending.is_empty() {
-            let batch = std::mem::take(&mut pending);
-            unsent.extend(missing_chunks(registry, repo, batch, &stats).await?);
-        }
-        // New chunks travel in packs of consecutive chunks (one request, one store write and
-        // one metadata commit for many chunks), or one by one where the registry takes no packs.
-        // A pack that is not full waits for the next chunks until the scan ends, so packs stay
-        // full however the hashers' output is batched (16 per GiB: the S3 PUT budget).
-        let stalled = std::mem::take(&mut starving);
-        let groups = if registry.packs_unsupported() {
-            std::mem::take(&mut unsent)
-                .into_iter()
-                .map(|loc| vec![loc])
-                .collect()
-        } else {
-            // The hashers wait for buffers, and no upload will give any back: the pack waiting
-            // to fill holds them, so it goes now.
-            let stuck = stalled && {
-                while let Some(done) = uploads.try_join_next() {
-                    done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
-                }
-                uploads.is_empty()
-            };
-            let mut packs = into_packs(std::mem::take(&mut unsent));
-            if stuck && !closed {
-                tracing::debug!(
-                    chunks = packs.last().map_or(0, Vec::len),
-                    "sending a pack before it is full: the hashers wait for the buffers it holds"
-                );
-            } else if !closed {
-                unsent = packs.pop().unwrap_or_default();
-            }
-            packs
-        };
-        for group in groups {
-            let len: u64 = group.iter().map(|c| c.len).sum();
-            let mib = (len.div_ceil(1 << 20) as u32).max(1);
-            let bytes_permit = Arc::clone(&mib_limit)
-                .acquire_many_owned(mib)
-                .await
-                .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
-            let count_permit = Arc::clone(&count_limit)
-                .acquire_owned()
-                .await
-                .map_err(|_| ClientError::Invalid("upload limiter closed".into()))?;
-            let (registry, repo, stats, progress, pool) = (
-                registry.clone(),
-                repo.clone(),
-                Arc::clone(&stats),
-                Arc::clone(&progress),
-                pool.clone(),
-            );
-            progress.event(Event::Needed(len));
-            uploads.spawn(async move {
-                let _held = (bytes_permit, count_permit);
-                upload_group(&registry, &repo, &group, &stats, &*progress, &pool).await
-            });
-            // Surface upload failures early instead of after the whole scan.
-            while let Some(done) = uploads.try_join_next() {
-                done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
-            }
-        }
-    }
-    hashing
-        .await
-        .map_err(|e| ClientError::Invalid(format!("hashing failed: {e}")))??;
-    while let Some(done) = uploads.join_next().await {
-        done.map_err(|e| ClientError::Invalid(format!("upload task failed: {e}")))??;
-    }
-
-    // Every chunk is in the registry: build the tree, remember it locally, then seal.
-    for (i, f) in files.iter().enumerate() {
-        let chunks: Vec<ChunkRef> = match &f.cached {
-            Some(c) => c.clone(),
-            None => per_file[i]
-                .iter()
-                .flatten()
-                .map(|c| ChunkRef {
-                    digest: c.digest.clone(),
-                    size: c.len,
-                })
-                .collect(),
-        };
-        index.insert(f.path.clone(), f.stamp.clone(), chunks.clone());
-        builder
-            .add_file(&f.path, f.mode, chunks)
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
-    }
-    let tree = builder
-        .finish()
-        .map_err(|e| ClientError::Invalid(e.to_string()))?;
-    if let Some(path) = &options.index_path {
-        let keep: HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
-        index.retain(|p| keep.contains(p));
-        index.save(path);
-    }
+    let tree = plan.finish(&files, per_file, options)?;
     let layout = build_layout(&tree);
-    let tagged = seal(registry, repo, &layout, options.seal_tag.as_ref()).await?;
-
+    let tag = seal(registry, repo, &layout, options.seal_tag.as_ref()).await?;
     let report = PushReport {
         digest: layout.index.digest.to_string(),
         files: files.len() as u64,
@@ -365,7 +193,287 @@ pub async fn push(
         bytes_read: stats.bytes_read.load(Ordering::Relaxed),
         seconds: started.elapsed().as_secs_f64(),
     };
-    Ok((layout, report, tagged))
+    Ok(Pushed {
+        layout,
+        report,
+        tag,
+    })
+}
+
+/// The first stage: what the directory holds. Directories and symlinks go into the tree at once;
+/// files wait for their chunks, those the local index vouches for with them already.
+struct Plan {
+    builder: TreeBuilder,
+    index: LocalIndex,
+}
+
+impl Plan {
+    async fn scan(dir: &Path, options: &PushOptions) -> Result<(Plan, Vec<FileJob>), ClientError> {
+        let chunking = ChunkingInfo::v1(DEFAULT_PARAMS);
+        let root = dir.to_path_buf();
+        let entries = tokio::task::spawn_blocking(move || scan::scan(&root))
+            .await
+            .map_err(ClientError::task("scan"))??;
+        let index = options
+            .index_path
+            .as_ref()
+            .map(|p| LocalIndex::load(p, &chunking.algorithm))
+            .unwrap_or_default();
+        let mut builder = TreeBuilder::new(chunking);
+        let mut files: Vec<FileJob> = Vec::new();
+        for (path, scanned) in &entries {
+            match scanned {
+                Scanned::Dir => builder.add_dir(path)?,
+                Scanned::Symlink { target } => builder.add_symlink(path, target)?,
+                Scanned::File { abs, mode, stamp } => files.push(FileJob {
+                    path: path.clone(),
+                    abs: Arc::new(abs.clone()),
+                    mode: *mode,
+                    stamp: stamp.clone(),
+                    cached: if options.rehash {
+                        None
+                    } else {
+                        index.lookup(path, stamp).map(<[_]>::to_vec)
+                    },
+                }),
+            }
+        }
+        Ok((Plan { builder, index }, files))
+    }
+
+    /// The last stage before the seal, once every chunk is in the registry: the tree, from the
+    /// chunks each file was cut into (`per_file`, by segment), remembered in the local index.
+    fn finish(
+        mut self,
+        files: &[FileJob],
+        per_file: Vec<Vec<Vec<FileChunk>>>,
+        options: &PushOptions,
+    ) -> Result<Tree, ClientError> {
+        for (f, segments) in files.iter().zip(per_file) {
+            let chunks: Vec<ChunkRef> = match &f.cached {
+                Some(c) => c.clone(),
+                None => segments
+                    .into_iter()
+                    .flatten()
+                    .map(|c| ChunkRef {
+                        digest: c.digest,
+                        size: c.len,
+                    })
+                    .collect(),
+            };
+            self.index
+                .insert(f.path.clone(), f.stamp.clone(), chunks.clone());
+            self.builder.add_file(&f.path, f.mode, chunks)?;
+        }
+        let tree = self.builder.finish()?;
+        if let Some(path) = &options.index_path {
+            let keep: HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+            self.index.retain(|p| keep.contains(p));
+            self.index.save(path);
+        }
+        Ok(tree)
+    }
+}
+
+/// The third stage, running while the hashers do: takes the chunks they cut as they come, asks
+/// the registry which it lacks a batch at a time, and sends those, bounded in number and in bytes
+/// held. New chunks travel in packs of consecutive chunks (one request, one store write and one
+/// metadata commit for many chunks), or one by one where the registry takes no packs.
+struct Uploads<'a> {
+    registry: &'a Registry,
+    repo: &'a RepoName,
+    files: &'a [FileJob],
+    progress: &'a Arc<dyn Progress>,
+    stats: &'a Arc<Stats>,
+    /// Each file's chunks by segment, appended as the hashers hand them on.
+    per_file: Vec<Vec<Vec<FileChunk>>>,
+    seen: HashSet<Digest>,
+    /// New chunks waiting for their existence check.
+    pending: Vec<ChunkLoc>,
+    /// Chunks the registry lacks, waiting to fill a pack.
+    unsent: Vec<ChunkLoc>,
+    sending: JoinSet<Result<(), ClientError>>,
+    count_limit: Arc<Semaphore>,
+    mib_limit: Arc<Semaphore>,
+    pool: BufferPool,
+}
+
+impl<'a> Uploads<'a> {
+    fn new(
+        registry: &'a Registry,
+        repo: &'a RepoName,
+        files: &'a [FileJob],
+        options: &PushOptions,
+        progress: &'a Arc<dyn Progress>,
+        stats: &'a Arc<Stats>,
+    ) -> Self {
+        Uploads {
+            registry,
+            repo,
+            files,
+            progress,
+            stats,
+            per_file: vec![Vec::new(); files.len()],
+            seen: HashSet::new(),
+            pending: Vec::new(),
+            unsent: Vec::new(),
+            sending: JoinSet::new(),
+            count_limit: Arc::new(Semaphore::new(options.uploads.max(1))),
+            mib_limit: Arc::new(Semaphore::new(
+                ((options.max_in_flight >> 20).max(PACK_TARGET >> 20)) as usize,
+            )),
+            pool: BufferPool::new(POOLED),
+        }
+    }
+
+    /// Takes what the hashers send until they are done, checking a batch whenever it is full or
+    /// they pause (`starved`: they wait for read buffers that only sent chunks give back).
+    async fn collect(
+        &mut self,
+        mut rx: mpsc::Receiver<Hashed>,
+        starved: &tokio::sync::Notify,
+    ) -> Result<(), ClientError> {
+        let mut closed = false;
+        while !closed {
+            let mut stalled = false;
+            // Take everything available, then flush a batch if it is full or the hashers paused.
+            let msg = if self.pending.len() >= CHECK_BATCH {
+                None
+            } else if self.pending.is_empty() {
+                tokio::select! {
+                    m = rx.recv() => m.map(Some).unwrap_or_else(|| {
+                        closed = true;
+                        None
+                    }),
+                    () = starved.notified() => {
+                        stalled = true;
+                        None
+                    }
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(mpsc::error::TryRecvError::Empty) => None,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        closed = true;
+                        None
+                    }
+                }
+            };
+            if let Some(hashed) = msg {
+                self.take(hashed);
+                if self.pending.len() < CHECK_BATCH {
+                    continue;
+                }
+            }
+            self.flush(closed, stalled).await?;
+        }
+        Ok(())
+    }
+
+    /// Records the chunks the hashers cut from a segment of a file, queuing new ones for a check.
+    fn take(&mut self, (file, seg, chunks): Hashed) {
+        let slots = &mut self.per_file[file];
+        if slots.len() <= seg {
+            slots.resize(seg + 1, Vec::new());
+        }
+        for (c, bytes) in chunks {
+            if self.seen.insert(c.digest.clone()) {
+                self.pending.push(ChunkLoc {
+                    digest: c.digest.clone(),
+                    abs: Arc::clone(&self.files[file].abs),
+                    offset: c.offset,
+                    len: c.len,
+                    bytes,
+                });
+            }
+            slots[seg].push(c);
+        }
+    }
+
+    /// Checks the pending chunks and sends those the registry lacks. A pack that is not full
+    /// waits for the next chunks until the hashers are done (`closed`), so packs stay full however
+    /// their output is batched (16 per GiB: the S3 PUT budget), unless the hashers are `stalled`
+    /// on the buffers it holds.
+    async fn flush(&mut self, closed: bool, stalled: bool) -> Result<(), ClientError> {
+        if !self.pending.is_empty() {
+            let batch = std::mem::take(&mut self.pending);
+            let missing = missing_chunks(self.registry, self.repo, batch, self.stats).await?;
+            self.unsent.extend(missing);
+        }
+        let groups = if self.registry.packs_unsupported() {
+            std::mem::take(&mut self.unsent)
+                .into_iter()
+                .map(|loc| vec![loc])
+                .collect()
+        } else {
+            // The hashers wait for buffers, and no upload will give any back: the pack waiting
+            // to fill holds them, so it goes now.
+            let stuck = stalled && {
+                self.reap()?;
+                self.sending.is_empty()
+            };
+            let mut packs = into_packs(std::mem::take(&mut self.unsent));
+            if stuck && !closed {
+                tracing::debug!(
+                    chunks = packs.last().map_or(0, Vec::len),
+                    "sending a pack before it is full: the hashers wait for the buffers it holds"
+                );
+            } else if !closed {
+                self.unsent = packs.pop().unwrap_or_default();
+            }
+            packs
+        };
+        for group in groups {
+            self.send(group).await?;
+            // Surface upload failures early instead of after the whole scan.
+            self.reap()?;
+        }
+        Ok(())
+    }
+
+    /// Starts an upload of `group` once the limits let it.
+    async fn send(&mut self, group: Vec<ChunkLoc>) -> Result<(), ClientError> {
+        let len: u64 = group.iter().map(|c| c.len).sum();
+        let mib = (len.div_ceil(1 << 20) as u32).max(1);
+        let bytes_permit = Arc::clone(&self.mib_limit)
+            .acquire_many_owned(mib)
+            .await
+            .map_err(|_| ClientError::Cancelled)?;
+        let count_permit = Arc::clone(&self.count_limit)
+            .acquire_owned()
+            .await
+            .map_err(|_| ClientError::Cancelled)?;
+        let (registry, repo, stats, progress, pool) = (
+            self.registry.clone(),
+            self.repo.clone(),
+            Arc::clone(self.stats),
+            Arc::clone(self.progress),
+            self.pool.clone(),
+        );
+        progress.event(Event::Needed(len));
+        self.sending.spawn(async move {
+            let _held = (bytes_permit, count_permit);
+            upload_group(&registry, &repo, &group, &stats, &*progress, &pool).await
+        });
+        Ok(())
+    }
+
+    /// The first failure among the uploads that have finished, if any.
+    fn reap(&mut self) -> Result<(), ClientError> {
+        while let Some(done) = self.sending.try_join_next() {
+            done.map_err(ClientError::task("upload"))??;
+        }
+        Ok(())
+    }
+
+    /// Waits for every upload; then each file's chunks, by segment.
+    async fn finish(mut self) -> Result<Vec<Vec<Vec<FileChunk>>>, ClientError> {
+        while let Some(done) = self.sending.join_next().await {
+            done.map_err(ClientError::task("upload"))??;
+        }
+        Ok(self.per_file)
+    }
 }
 
 /// Plans and chunks every file that the local index could not vouch for, on `threads` threads.
@@ -404,7 +512,7 @@ fn hash_all(
             .collect();
         progress.event(Event::Hashed(f.stamp.size));
         tx.blocking_send((i, 0, chunks))
-            .map_err(|_| ClientError::Invalid("push was cancelled".into()))?;
+            .map_err(|_| ClientError::Cancelled)?;
     }
     let work = std::sync::Mutex::new(Work {
         next: 0,
@@ -453,7 +561,7 @@ fn hash_all(
                     progress.event(Event::Hashed(n));
                     let cut = cut.into_iter().map(|(c, b)| (c, Some(b))).collect();
                     tx.blocking_send((open.file, seg, cut))
-                        .map_err(|_| ClientError::Invalid("push was cancelled".into()))
+                        .map_err(|_| ClientError::Cancelled)
                 },
             )?;
             if open.left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -478,7 +586,7 @@ fn hash_all(
         for w in workers {
             let r = w
                 .join()
-                .unwrap_or_else(|_| Err(ClientError::Invalid("a hashing thread panicked".into())));
+                .unwrap_or_else(|_| Err(ClientError::Panicked("hashing")));
             if result.is_ok() {
                 result = r;
             }
@@ -513,10 +621,10 @@ impl OpenFile {
             .map_err(|e| ClientError::io(&*job.abs, e))?
             .len();
         if now != job.stamp.size {
-            return Err(ClientError::Invalid(format!(
-                "{} changed size while it was being pushed",
-                job.abs.display()
-            )));
+            return Err(ClientError::ChangedDuringPush {
+                paths: vec![job.abs.to_path_buf()],
+                how: format!("{} bytes when scanned, {now} now", job.stamp.size),
+            });
         }
         Ok(())
     }
@@ -619,16 +727,15 @@ async fn upload_group(
         match registry.push_pack(repo, &list, parts).await {
             Ok(sent) => sent,
             Err(ClientError::Registry { code, .. }) if code == "DIGEST_INVALID" => {
-                return Err(ClientError::Invalid(format!(
-                    "{} changed while it was being pushed (its bytes no longer match what was hashed)",
-                    group
+                return Err(ClientError::ChangedDuringPush {
+                    paths: group
                         .iter()
-                        .map(|c| c.abs.display().to_string())
+                        .map(|c| c.abs.to_path_buf())
                         .collect::<std::collections::BTreeSet<_>>()
                         .into_iter()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )))
+                        .collect(),
+                    how: "its bytes no longer match what was hashed".into(),
+                })
             }
             Err(e) => return Err(e),
         }
@@ -696,7 +803,7 @@ async fn read_chunks(chunks: Vec<ChunkLoc>, pool: &BufferPool) -> Result<Vec<Byt
         Ok(parts)
     })
     .await
-    .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))?
+    .map_err(ClientError::task("read"))?
 }
 
 /// Pack buffers kept for reuse at most; more than the in-flight bound ever needs at once. A first
@@ -721,14 +828,14 @@ async fn upload_chunk(
             Ok(Bytes::from(buf))
         })
         .await
-        .map_err(|e| ClientError::Invalid(format!("read task failed: {e}")))??,
+        .map_err(ClientError::task("read"))??,
     };
     match registry.push_blob(repo, &loc.digest, bytes).await {
         Err(ClientError::Registry { code, .. }) if code == "DIGEST_INVALID" => {
-            Err(ClientError::Invalid(format!(
-                "{} changed while it was being pushed (bytes at offset {offset} no longer match)",
-                loc.abs.display()
-            )))
+            Err(ClientError::ChangedDuringPush {
+                paths: vec![loc.abs.to_path_buf()],
+                how: format!("bytes at offset {offset} no longer match"),
+            })
         }
         other => other,
     }
@@ -744,8 +851,8 @@ async fn seal(
     layout: &Layout,
     tag: Option<&SealTag>,
 ) -> Result<Result<(), ClientError>, ClientError> {
-    let empty =
-        Digest::parse(media::OCI_EMPTY_DIGEST).map_err(|e| ClientError::Invalid(e.to_string()))?;
+    // The empty descriptor's blob (media::OCI_EMPTY_DIGEST names it).
+    let empty = vial_core::Algorithm::Sha256.digest_bytes(b"{}");
     let mut blobs = vec![(&empty, Bytes::from_static(b"{}"))];
     blobs.extend(
         layout

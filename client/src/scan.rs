@@ -50,10 +50,10 @@ pub enum Scanned {
 pub fn scan(root: &Path) -> Result<Vec<(String, Scanned)>, ClientError> {
     let meta = std::fs::metadata(root).map_err(|e| ClientError::io(root, e))?;
     if !meta.is_dir() {
-        return Err(ClientError::Invalid(format!(
-            "{} is not a directory",
-            root.display()
-        )));
+        return Err(ClientError::NotPushable {
+            path: root.to_path_buf(),
+            why: "it is not a directory".into(),
+        });
     }
     let mut out = Vec::new();
     let mut stack = vec![(root.to_path_buf(), String::new())];
@@ -62,15 +62,22 @@ pub fn scan(root: &Path) -> Result<Vec<(String, Scanned)>, ClientError> {
         for entry in entries {
             let entry = entry.map_err(|e| ClientError::io(&dir, e))?;
             let abs = entry.path();
-            let name = entry.file_name().into_string().map_err(|n| {
-                ClientError::Invalid(format!("{}: file name {n:?} is not UTF-8", dir.display()))
-            })?;
+            let name = entry
+                .file_name()
+                .into_string()
+                .map_err(|n| ClientError::NotPushable {
+                    path: dir.join(&n),
+                    why: format!("its name {n:?} is not UTF-8"),
+                })?;
             let path = if rel.is_empty() {
                 name
             } else {
                 format!("{rel}/{name}")
             };
-            validate_path(&path).map_err(|e| ClientError::Invalid(e.to_string()))?;
+            validate_path(&path).map_err(|e| ClientError::NotPushable {
+                path: abs.clone(),
+                why: e.to_string(),
+            })?;
             let m = std::fs::symlink_metadata(&abs).map_err(|e| ClientError::io(&abs, e))?;
             let ft = m.file_type();
             let scanned = if ft.is_dir() {
@@ -85,17 +92,17 @@ pub fn scan(root: &Path) -> Result<Vec<(String, Scanned)>, ClientError> {
             } else if ft.is_symlink() {
                 let target = std::fs::read_link(&abs).map_err(|e| ClientError::io(&abs, e))?;
                 let target = target.into_os_string().into_string().map_err(|t| {
-                    ClientError::Invalid(format!(
-                        "{}: symlink target {t:?} is not UTF-8",
-                        abs.display()
-                    ))
+                    ClientError::NotPushable {
+                        path: abs.clone(),
+                        why: format!("its symlink target {t:?} is not UTF-8"),
+                    }
                 })?;
                 Scanned::Symlink { target }
             } else {
-                return Err(ClientError::Invalid(format!(
-                    "{} is not a regular file, directory or symlink",
-                    abs.display()
-                )));
+                return Err(ClientError::NotPushable {
+                    path: abs,
+                    why: "it is not a regular file, directory or symlink".into(),
+                });
             };
             out.push((path, scanned));
         }

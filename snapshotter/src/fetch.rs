@@ -6,12 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::StreamExt;
 use tokio::sync::Semaphore;
-use vial_client::{ClientError, Registry};
+use vial_client::{Arrived, ClientError, Registry, RunSize};
 use vial_core::{Digest, RepoName};
-use vial_io::{Aligned, BufferPool};
+use vial_io::BufferPool;
 
 use crate::cache::{CacheError, ChunkCache};
 use crate::stats::{InFlight, Stats};
@@ -22,7 +20,7 @@ pub enum FetchError {
     Registry {
         digest: Digest,
         #[source]
-        source: ClientError,
+        source: Box<ClientError>,
     },
     #[error("chunk {digest} did not arrive within {timeout:?}")]
     Timeout { digest: Digest, timeout: Duration },
@@ -38,6 +36,30 @@ pub enum FetchError {
     Cache(#[from] CacheError),
     #[error("background task failed: {0}")]
     Task(String),
+}
+
+impl FetchError {
+    /// What reading `digest` from the registry failed with: a chunk whose bytes do not match is
+    /// told apart from a registry that could not send it.
+    fn reading(digest: &Digest, e: ClientError) -> FetchError {
+        match e {
+            ClientError::DigestMismatch { actual, .. } => FetchError::Mismatch {
+                digest: digest.clone(),
+                actual,
+            },
+            ClientError::WrongSize {
+                expected, actual, ..
+            } => FetchError::Size {
+                digest: digest.clone(),
+                expected,
+                actual,
+            },
+            source => FetchError::Registry {
+                digest: digest.clone(),
+                source: Box::new(source),
+            },
+        }
+    }
 }
 
 /// Chunk buffers kept for reuse at most (a few tens of MiB).
@@ -253,21 +275,18 @@ impl Fetcher {
     ) -> Result<(), FetchError> {
         let _in_flight = InFlight::start(&self.stats);
         let _permit = self.slot(priority).await?;
-        let bytes = tokio::time::timeout(
+        let arrived = tokio::time::timeout(
             self.timeout,
-            self.registry.get_blob_unverified(&self.repo, digest, None),
+            self.registry.read_one(&self.repo, digest, size),
         )
         .await
         .map_err(|_| FetchError::Timeout {
             digest: digest.clone(),
             timeout: self.timeout,
         })?
-        .map_err(|source| FetchError::Registry {
-            digest: digest.clone(),
-            source,
-        })?;
+        .map_err(|e| FetchError::reading(digest, e))?;
         drop(_permit);
-        self.accept(digest.clone(), size, bytes).await
+        self.accept(arrived).await
     }
 
     /// A download slot from the pool of the given priority, held for the request.
@@ -286,22 +305,14 @@ impl Fetcher {
 
     /// Checks a downloaded chunk against its size and digest, then makes it readable from memory
     /// at once and starts its cache write (write-behind, bounded by [`PENDING_KIB`]).
-    async fn accept(&self, digest: Digest, size: u64, bytes: Bytes) -> Result<(), FetchError> {
-        if bytes.len() as u64 != size {
-            return Err(FetchError::Size {
-                digest,
-                expected: size,
-                actual: bytes.len() as u64,
-            });
-        }
-        let len = bytes.len() as u64;
+    async fn accept(&self, arrived: Arrived) -> Result<(), FetchError> {
+        let (digest, len) = (arrived.digest().clone(), arrived.size());
+        let buffers = self.buffers.clone();
         let d = digest.clone();
         let check = move || {
-            let actual = d.algorithm().digest_bytes(&bytes);
-            if actual != d {
-                return Err(FetchError::Mismatch { digest: d, actual });
-            }
-            Ok(bytes)
+            arrived
+                .verify_contiguous(&buffers)
+                .map_err(|e| FetchError::reading(&d, e))
         };
         let bytes = if len < HASH_INLINE as u64 {
             check()?
@@ -433,95 +444,39 @@ impl Fetcher {
         let Some(first) = claims.first().map(|c| c.digest.clone()) else {
             return Ok(0);
         };
-        let digests: Vec<Digest> = claims.iter().map(|c| c.digest.clone()).collect();
+        let chunks: Vec<(Digest, u64)> =
+            claims.iter().map(|c| (c.digest.clone(), c.size)).collect();
         let timed_out = |digest: &Digest| FetchError::Timeout {
             digest: digest.clone(),
             timeout: self.timeout,
         };
-        let stream = tokio::time::timeout(
-            self.timeout,
-            self.registry.read_chunks(&self.repo, &digests),
-        )
-        .await
-        .map_err(|_| timed_out(&first))?
-        .map_err(|source| FetchError::Registry {
-            digest: first.clone(),
-            source,
-        })?;
-        let Some(mut stream) = stream else {
-            // A registry without bulk reads: a request per chunk, all at once (the pool bounds
-            // them).
-            drop(_permit);
-            let fetches = claims.into_iter().map(|claim| async move {
-                let r = self.download(&claim.digest, claim.size, priority).await;
-                self.finish(claim);
-                r
-            });
-            let results = futures_util::future::join_all(fetches).await;
-            let fetched = results.iter().filter(|r| r.is_ok()).count();
-            return match results.into_iter().find_map(Result::err) {
-                Some(e) => Err(e),
-                None => Ok(fetched),
-            };
-        };
+        let mut run =
+            tokio::time::timeout(self.timeout, self.registry.read_run(&self.repo, &chunks))
+                .await
+                .map_err(|_| timed_out(&first))?
+                .map_err(|e| FetchError::reading(&first, e))?
+                .gather_into(self.buffers.clone());
         let mut accepted = tokio::task::JoinSet::new();
-        let mut claims = claims.into_iter();
-        let mut current = claims.next();
-        // The chunk being collected, in a buffer that starts on a page boundary: hashing is
-        // faster there, and the node cache writes it with O_DIRECT without copying it.
-        let mut buf = Aligned::default();
-        let mut filled = 0usize;
-        let mut frame = Bytes::new();
+        let mut claims = claims.into_iter().map(Some).collect::<Vec<_>>();
         let received: Result<(), FetchError> = async {
             loop {
-                // Hand over each chunk as it completes (chunks of zero bytes at once).
-                while let Some(claim) = current.take_if(|c| filled as u64 == c.size) {
-                    let bytes = self.buffers.freeze(std::mem::take(&mut buf), 0..filled);
-                    self.hand_over(&mut accepted, claim, bytes);
-                    filled = 0;
-                    current = claims.next();
-                }
-                let Some(claim) = current.as_ref() else {
-                    return match frame.len() {
-                        0 => Ok(()),
-                        extra => Err(FetchError::Size {
-                            digest: first.clone(),
-                            expected: 0,
-                            actual: extra as u64,
-                        }),
-                    };
+                let waiting = run.waiting_for().unwrap_or(&first).clone();
+                let next = tokio::time::timeout(self.timeout, run.next())
+                    .await
+                    .map_err(|_| timed_out(&waiting))?;
+                let Some(arrived) = next else {
+                    return Ok(());
                 };
-                if frame.is_empty() {
-                    let next = tokio::time::timeout(self.timeout, stream.next())
-                        .await
-                        .map_err(|_| timed_out(&claim.digest))?;
-                    frame = match next {
-                        Some(frame) => frame.map_err(|source| FetchError::Registry {
-                            digest: claim.digest.clone(),
-                            source,
-                        })?,
-                        None => {
-                            return Err(FetchError::Size {
-                                digest: claim.digest.clone(),
-                                expected: claim.size,
-                                actual: filled as u64,
-                            })
-                        }
-                    };
-                    continue;
+                let arrived = arrived.map_err(|e| FetchError::reading(&waiting, e))?;
+                if let Some(claim) = claims.get_mut(arrived.index).and_then(Option::take) {
+                    self.hand_over(&mut accepted, claim, arrived);
                 }
-                if filled == 0 {
-                    buf = self.buffers.take(claim.size as usize);
-                }
-                let piece = frame.split_to((claim.size as usize - filled).min(frame.len()));
-                buf.bytes_mut()[filled..filled + piece.len()].copy_from_slice(&piece);
-                filled += piece.len();
             }
         }
         .await;
         drop(_permit);
         // Whatever the run did not deliver goes back to its readers.
-        for claim in current.into_iter().chain(claims) {
+        for claim in claims.into_iter().flatten() {
             self.finish(claim);
         }
         let mut fetched = 0;
@@ -543,11 +498,11 @@ impl Fetcher {
         self: &Arc<Self>,
         accepted: &mut tokio::task::JoinSet<Result<(), FetchError>>,
         claim: Claim,
-        bytes: Bytes,
+        arrived: Arrived,
     ) {
         let me = Arc::clone(self);
         accepted.spawn(async move {
-            let r = me.accept(claim.digest.clone(), claim.size, bytes).await;
+            let r = me.accept(arrived).await;
             me.finish(claim);
             r
         });
@@ -576,28 +531,7 @@ struct Claim {
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
-/// Bytes one run fetch asks for. Larger runs mean fewer requests (S3 GETs) but less parallelism
-/// in receiving and verifying: on the 2-core machine measured, 16 MiB runs cost the disk-backed
-/// cold read 5-15% against a request per chunk; 8 MiB runs were within the noise of it.
-pub const RUN_BYTES: u64 = 8 << 20;
-/// Chunks one run fetch asks for (the registry takes up to 8192).
-const RUN_CHUNKS: usize = 1024;
-
 /// Splits chunks, in reading order, into runs for [`Fetcher::ensure_run`].
 pub fn runs(chunks: impl IntoIterator<Item = (Digest, u64)>) -> Vec<Vec<(Digest, u64)>> {
-    let mut runs: Vec<Vec<(Digest, u64)>> = Vec::new();
-    let mut bytes = 0;
-    for (digest, size) in chunks {
-        match runs.last_mut() {
-            Some(run) if bytes + size <= RUN_BYTES && run.len() < RUN_CHUNKS => {
-                bytes += size;
-                run.push((digest, size));
-            }
-            _ => {
-                bytes = size;
-                runs.push(vec![(digest, size)]);
-            }
-        }
-    }
-    runs
+    vial_client::plan_runs(chunks, |(_, size)| *size, RunSize::MOUNT)
 }

@@ -42,7 +42,7 @@ impl Prefetch {
     }
 }
 
-/// Bulk reads (runs of up to [`crate::fetch::RUN_BYTES`]) the prefetcher keeps in flight.
+/// Bulk reads (runs of up to [`vial_client::RunSize::MOUNT`]) the prefetcher keeps in flight.
 const PARALLEL: usize = 4;
 
 /// Prefetches what `prefetch` names; nothing for [`Prefetch::None`].

@@ -33,8 +33,7 @@ impl Registry {
         if self.packs_unsupported() {
             return Ok(false);
         }
-        let mut list = serde_json::to_vec(&serde_json::json!({ "chunks": chunks }))
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let mut list = serde_json::to_vec(&serde_json::json!({ "chunks": chunks }))?;
         list.push(b'\n');
         let list = Bytes::from(list);
         let length = list.len() as u64 + parts.iter().map(|p| p.len() as u64).sum::<u64>();
@@ -89,8 +88,10 @@ impl Registry {
             .map(drop)
     }
 
-    /// The bytes of `digests`, end to end in that order, in one response. `Ok(None)` when the
-    /// registry does not have the extension. The caller verifies each chunk as it arrives.
+    /// The bytes of `digests`, end to end in that order, in one response, unchecked. `Ok(None)`
+    /// when the registry does not have the extension. For a proxy that passes the bytes on as they
+    /// come (the registry's cache tier, which checks each chunk as it keeps it); a reader of
+    /// chunks reads them in runs ([`Registry::read_run`]), which will not give a byte unverified.
     pub async fn read_chunks(
         &self,
         repo: &RepoName,
@@ -100,10 +101,9 @@ impl Registry {
             return Ok(None);
         }
         let url = self.url(&format!("/v2/{repo}/_vial/chunks"));
-        let body = Bytes::from(
-            serde_json::to_vec(&serde_json::json!({ "digests": digests }))
-                .map_err(|e| ClientError::Invalid(e.to_string()))?,
-        );
+        let body = Bytes::from(serde_json::to_vec(
+            &serde_json::json!({ "digests": digests }),
+        )?);
         let action = format!("read of {} chunks", digests.len());
         let r = self
             .send(&Self::scope(repo, false), &action, |c| {

@@ -271,12 +271,10 @@ impl Registry {
             .await?;
         match r.status() {
             StatusCode::OK | StatusCode::ACCEPTED => Ok(r),
-            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
-                Err(ClientError::Invalid(format!(
-                    "{} does not offer garbage collection (not a vial registry?)",
-                    self.host()
-                )))
-            }
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => Err(ClientError::NotVial {
+                registry: self.host().to_owned(),
+                what: "garbage collection",
+            }),
             _ => Err(self.error(r, "garbage collection").await),
         }
     }
@@ -355,10 +353,10 @@ impl Registry {
             StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED => {
                 match self.error(r, "sync").await {
                     e @ ClientError::RepositoryNotFound(_) => Err(e),
-                    _ => Err(ClientError::Invalid(format!(
-                        "{} cannot run sync jobs (not a vial registry?)",
-                        self.host()
-                    ))),
+                    _ => Err(ClientError::NotVial {
+                        registry: self.host().to_owned(),
+                        what: "sync jobs",
+                    }),
                 }
             }
             _ => Err(self.error(r, "sync").await),
@@ -394,11 +392,9 @@ impl Registry {
         }
         let url = self.url(&format!("/v2/{repo}/_vial/sync"));
         let jobs: Option<Jobs> = self.get_extension(repo, &url, "sync listing").await?;
-        jobs.map(|j| j.jobs).ok_or_else(|| {
-            ClientError::Invalid(format!(
-                "{} cannot run sync jobs (not a vial registry?)",
-                self.host()
-            ))
+        jobs.map(|j| j.jobs).ok_or_else(|| ClientError::NotVial {
+            registry: self.host().to_owned(),
+            what: "sync jobs",
         })
     }
 

@@ -14,6 +14,7 @@ use vial_core::{Algorithm, Digest, RepoName, Target};
 mod bulk;
 mod extensions;
 mod mirror;
+mod runs;
 mod watch;
 
 pub use extensions::{
@@ -21,6 +22,7 @@ pub use extensions::{
     VersionInfo,
 };
 pub use mirror::Mirror;
+pub use runs::{plan_runs, Arrived, ChunkRun, RunSize, Verified};
 pub use watch::TagState;
 
 use crate::auth::{self, Challenge, Credentials};
@@ -342,7 +344,15 @@ impl Registry {
         let body: TokenResponse = response.json().await.map_err(|e| self.transport(e))?;
         body.token
             .or(body.access_token)
-            .ok_or_else(|| ClientError::Invalid("token endpoint returned no token".into()))
+            .ok_or_else(|| self.broke("its token endpoint returned no token"))
+    }
+
+    /// An answer outside the protocol, `what` saying what it was.
+    fn broke(&self, what: &str) -> ClientError {
+        ClientError::Protocol {
+            registry: self.inner.host.clone(),
+            what: what.to_owned(),
+        }
     }
 
     fn transport(&self, e: reqwest::Error) -> ClientError {
@@ -536,9 +546,8 @@ impl Registry {
                         .get("location")
                         .and_then(|l| l.to_str().ok())
                         .map(|l| self.absolute(l));
-                    let loc = loc.ok_or_else(|| {
-                        ClientError::Invalid("upload session without a Location".into())
-                    })?;
+                    let loc =
+                        loc.ok_or_else(|| self.broke("an upload session without a Location"))?;
                     return self
                         .finish_upload(&scope, &action, &loc, digest, body)
                         .await;
@@ -556,8 +565,7 @@ impl Registry {
             .get("location")
             .and_then(|l| l.to_str().ok())
             .map(|l| self.absolute(l));
-        let loc =
-            loc.ok_or_else(|| ClientError::Invalid("upload session without a Location".into()))?;
+        let loc = loc.ok_or_else(|| self.broke("an upload session without a Location"))?;
         self.finish_upload(&scope, &action, &loc, digest, body)
             .await
     }
@@ -609,7 +617,7 @@ impl Registry {
 
     /// Fetches a blob or a range of it without checking its digest: the caller must verify before
     /// using a byte (the mount does, off the async executor).
-    pub async fn get_blob_unverified(
+    pub(crate) async fn get_blob_unverified(
         &self,
         repo: &RepoName,
         digest: &Digest,
@@ -926,12 +934,7 @@ impl Registry {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok())
                 .map(Some)
-                .ok_or_else(|| {
-                    ClientError::Invalid(format!(
-                        "{} answered HEAD of {digest} without a Content-Length",
-                        self.inner.host
-                    ))
-                }),
+                .ok_or_else(|| self.broke(&format!("a HEAD of {digest} without a Content-Length"))),
             StatusCode::NOT_FOUND => Ok(None),
             _ => Err(self.error(r, &format!("HEAD blob {digest}")).await),
         }
