@@ -87,7 +87,7 @@ pub enum ClientError {
     #[error("cannot encode a request")]
     Encode(#[from] serde_json::Error),
     /// A file that changed under a push: what was hashed is not what would be sent.
-    #[error("{} changed while it was being pushed ({how})", paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    #[error("{} changed while it was being pushed ({how})", listed(paths))]
     ChangedDuringPush { paths: Vec<PathBuf>, how: String },
     /// A background task of the client's that ended without finishing its work.
     #[error("the {what} task failed")]
@@ -117,6 +117,12 @@ pub enum Expected {
     Absent,
     /// That it pointed at this digest.
     At(String),
+}
+
+/// Paths one after the other, as a message names them.
+fn listed(paths: &[PathBuf]) -> String {
+    let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    names.join(", ")
 }
 
 fn tag_moved(tag: &str, current: &str, expected: &Expected) -> String {
