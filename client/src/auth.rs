@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use crate::ClientError;
+use crate::error::ClientError;
 
 /// A username and password (or identity token). Never printed: Debug hides the secret.
 #[derive(Clone, PartialEq, Eq)]

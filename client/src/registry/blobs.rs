@@ -9,7 +9,7 @@ use reqwest::{Method, StatusCode};
 use vial_core::{Digest, RepoName};
 
 use super::{Registry, MONOLITHIC_NO, MONOLITHIC_YES};
-use crate::ClientError;
+use crate::error::ClientError;
 
 impl Registry {
     /// HEAD of a blob in `repo`.

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use vial_core::{Digest, RepoName};
 
 use super::{Registry, EXTENSION_NO, EXTENSION_YES};
-use crate::ClientError;
+use crate::error::ClientError;
 
 /// The bytes of a bulk read, as they arrive.
 pub type ChunkStream =

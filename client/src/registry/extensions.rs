@@ -10,7 +10,7 @@ use serde::Deserialize;
 use vial_core::{Digest, RepoName};
 
 use super::{Registry, PRESENT_BATCH};
-use crate::ClientError;
+use crate::error::ClientError;
 
 /// What a sync copies: the body of a request that starts one.
 #[derive(Debug, Clone, Default, serde::Serialize)]

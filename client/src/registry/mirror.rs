@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 
 use super::Registry;
-use crate::ClientError;
+use crate::error::ClientError;
 
 /// A cache that serves reads of `origin` (`host[:port]`) at `url` (`http://host:port`,
 /// `https://host`, or a bare `host[:port]` spoken to over HTTPS unless it is a loopback address).

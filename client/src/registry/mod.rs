@@ -26,8 +26,7 @@ pub use runs::{plan_runs, Arrived, ChunkRun, RunSize, Verified};
 pub use watch::TagState;
 
 use crate::auth::{self, Challenge, Credentials};
-use crate::error::Expected;
-use crate::ClientError;
+use crate::error::{ClientError, Expected};
 
 /// Most digests one bulk existence check carries (the limit vial registries enforce).
 pub(crate) const PRESENT_BATCH: usize = 4096;

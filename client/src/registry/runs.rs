@@ -18,7 +18,7 @@ use vial_io::BufferPool;
 
 use super::bulk::ChunkStream;
 use super::Registry;
-use crate::ClientError;
+use crate::error::ClientError;
 
 /// How much one bulk read asks for at most. Each reader's limits are here, with what chose them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

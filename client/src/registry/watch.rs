@@ -9,7 +9,7 @@ use serde::Deserialize;
 use vial_core::{Digest, RepoName, Tag};
 
 use super::{ErrorEnvelope, Registry};
-use crate::ClientError;
+use crate::error::ClientError;
 
 /// Where a tag points: `None` when it does not exist.
 pub type TagState = Option<Digest>;
