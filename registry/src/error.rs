@@ -200,7 +200,7 @@ impl From<CommitManifestError> for ApiError {
     }
 }
 
-pub use vial_core::error_chain;
+use vial_core::error_chain;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

@@ -13,12 +13,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use vial_core::Digest;
 
-use crate::error::error_chain;
 use crate::seal::{seal, SEAL_JOB};
 use crate::service::gc::GC_JOB;
 use crate::service::Service;
 use crate::storage::{now_millis, Job, JobOutcome};
 use crate::sync::SYNC_JOB;
+use vial_core::error_chain;
 
 /// How often an idle runner looks for jobs queued by other replicas or left by dead ones.
 const POLL: Duration = Duration::from_secs(5);

@@ -125,7 +125,7 @@ pub async fn serve(
     let probe = Arc::clone(&state);
     tokio::spawn(async move {
         if let Err(e) = probe.blobs.ping().await {
-            tracing::warn!(blobs = ?probe.config.blobs, error = %error::error_chain(&e), "blob store is not reachable yet");
+            tracing::warn!(blobs = ?probe.config.blobs, error = %vial_core::error_chain(&e), "blob store is not reachable yet");
         }
     });
     // A cache keeps nothing of its own in the stores: nothing to sweep, collect or run.
@@ -245,11 +245,11 @@ async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
     let (meta, blobs) = tokio::join!(state.meta.ping(), state.blobs.ping());
     let mut problems = Vec::new();
     if let Err(e) = meta {
-        tracing::warn!(error = %error::error_chain(&e), "readiness: metadata store unreachable");
+        tracing::warn!(error = %vial_core::error_chain(&e), "readiness: metadata store unreachable");
         problems.push("metadata store unreachable");
     }
     if let Err(e) = blobs {
-        tracing::warn!(error = %error::error_chain(&e), "readiness: blob store unreachable");
+        tracing::warn!(error = %vial_core::error_chain(&e), "readiness: blob store unreachable");
         problems.push("blob store unreachable");
     }
     if problems.is_empty() {

@@ -173,7 +173,7 @@ impl TagWatch {
                         tx.send_replace(target);
                     }
                     Err(e) => {
-                        tracing::warn!(%repo, tag, error = %crate::error::error_chain(&e), "cannot read a watched tag after it moved; its watchers find out at their timeout")
+                        tracing::warn!(%repo, tag, error = %vial_core::error_chain(&e), "cannot read a watched tag after it moved; its watchers find out at their timeout")
                     }
                 }
             }

@@ -374,7 +374,7 @@ pub(super) async fn read(
                         Box::pin(futures_util::stream::once(async move { Err(e) })) as ByteStream
                     }
                     Err(e) => {
-                        tracing::error!(%repo, error = %crate::error::error_chain(&e), "bulk read failed");
+                        tracing::error!(%repo, error = %vial_core::error_chain(&e), "bulk read failed");
                         let e = std::io::Error::other("storage failure");
                         Box::pin(futures_util::stream::once(async move { Err(e) })) as ByteStream
                     }

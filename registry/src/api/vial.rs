@@ -294,7 +294,7 @@ pub(super) async fn seal_on_push(
             state.jobs.wake();
         }
         Err(e) => {
-            tracing::warn!(%repo, %digest, error = %crate::error::error_chain(&e), "could not queue a seal")
+            tracing::warn!(%repo, %digest, error = %vial_core::error_chain(&e), "could not queue a seal")
         }
     }
 }

@@ -423,7 +423,7 @@ impl Cache {
             Err(e) if e.is_transient() => match last {
                 Some(answer) => {
                     self.metrics.stale();
-                    tracing::warn!(%repo, tag, digest = %answer.digest, error = %crate::error::error_chain(&e), "upstream unreachable: serving the last known answer for the tag");
+                    tracing::warn!(%repo, tag, digest = %answer.digest, error = %vial_core::error_chain(&e), "upstream unreachable: serving the last known answer for the tag");
                     Ok(Resolved::Digest(answer.digest))
                 }
                 None => Err(self.upstream_error(e, &format!("tag {tag} of {repo}"))),
@@ -678,7 +678,7 @@ impl Cache {
                 format!(
                     "the upstream {} is unreachable and the cache does not hold {what}: {}",
                     self.upstream_url,
-                    crate::error::error_chain(&e)
+                    vial_core::error_chain(&e)
                 ),
             ),
             e => ApiError::new(
@@ -687,7 +687,7 @@ impl Cache {
                 format!(
                     "the upstream {} refused {what}: {}",
                     self.upstream_url,
-                    crate::error::error_chain(&e)
+                    vial_core::error_chain(&e)
                 ),
             ),
         }
@@ -734,7 +734,7 @@ fn manifest_unknown(repo: &RepoName, target: &Target) -> ApiError {
 
 fn failure_of(e: &ClientError) -> Failure {
     Failure {
-        message: crate::error::error_chain(e).into(),
+        message: vial_core::error_chain(e).into(),
         not_found: matches!(
             e,
             ClientError::NotFound(_) | ClientError::RepositoryNotFound(_)

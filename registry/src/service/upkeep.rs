@@ -8,7 +8,7 @@ use std::sync::Arc;
 use vial_core::{Digest, RepoName};
 
 use super::Service;
-use crate::{error, storage};
+use crate::storage;
 
 /// Deleted manifests past their repository's retention window: what [`purge_deleted`] removes.
 pub(crate) async fn expired_deleted(
@@ -53,7 +53,7 @@ pub(crate) async fn purge_deleted(service: &Service) -> u64 {
     let expired = match expired_deleted(service).await {
         Ok(rows) => rows,
         Err(e) => {
-            tracing::warn!(error = %error::error_chain(&e), "janitor could not list deleted manifests");
+            tracing::warn!(error = %vial_core::error_chain(&e), "janitor could not list deleted manifests");
             return 0;
         }
     };
@@ -67,7 +67,7 @@ pub(crate) async fn purge_deleted(service: &Service) -> u64 {
                 purged += gone.len() as u64;
             }
             Err(e) => {
-                tracing::warn!(versions = batch.len(), error = %error::error_chain(&e), "could not remove a batch of expired deleted manifests; the next pass tries again")
+                tracing::warn!(versions = batch.len(), error = %vial_core::error_chain(&e), "could not remove a batch of expired deleted manifests; the next pass tries again")
             }
         }
     }
@@ -81,7 +81,7 @@ async fn sweep_uncommitted_packs(service: &Service, cutoff: i64) {
     let stale = match service.meta.stale_packs(cutoff, 1000).await {
         Ok(stale) => stale,
         Err(e) => {
-            tracing::warn!(error = %error::error_chain(&e), "janitor could not list uncommitted packs");
+            tracing::warn!(error = %vial_core::error_chain(&e), "janitor could not list uncommitted packs");
             return;
         }
     };
@@ -89,7 +89,7 @@ async fn sweep_uncommitted_packs(service: &Service, cutoff: i64) {
         match service.remove_pack(&pack).await {
             Ok(()) => tracing::info!(%pack, "janitor removed a pack that was never committed"),
             Err(e) => {
-                tracing::warn!(%pack, error = %error::error_chain(&e), "could not remove an uncommitted pack")
+                tracing::warn!(%pack, error = %vial_core::error_chain(&e), "could not remove an uncommitted pack")
             }
         }
     }
@@ -111,13 +111,13 @@ pub(crate) async fn run(service: Arc<Service>) {
                             tracing::info!(upload = %session.id, repo = %session.repository, "discarded stale upload session")
                         }
                         Err(e) => {
-                            tracing::warn!(upload = %session.id, error = %error::error_chain(&e), "could not discard stale upload")
+                            tracing::warn!(upload = %session.id, error = %vial_core::error_chain(&e), "could not discard stale upload")
                         }
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %error::error_chain(&e), "janitor could not list stale uploads")
+                tracing::warn!(error = %vial_core::error_chain(&e), "janitor could not list stale uploads")
             }
         }
         purge_deleted(&service).await;
@@ -126,7 +126,7 @@ pub(crate) async fn run(service: Arc<Service>) {
             .drop_expired_leases(storage::now_millis())
             .await
         {
-            tracing::warn!(error = %error::error_chain(&e), "janitor could not drop expired leases");
+            tracing::warn!(error = %vial_core::error_chain(&e), "janitor could not drop expired leases");
         }
         match service.meta.expire_tags(storage::now_millis()).await {
             Ok(expired) => {
@@ -135,7 +135,7 @@ pub(crate) async fn run(service: Arc<Service>) {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %error::error_chain(&e), "janitor could not expire tags")
+                tracing::warn!(error = %vial_core::error_chain(&e), "janitor could not expire tags")
             }
         }
         let cutoff = std::time::SystemTime::now() - service.config.upload_ttl;
@@ -143,7 +143,7 @@ pub(crate) async fn run(service: Arc<Service>) {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "janitor removed abandoned upload data"),
             Err(e) => {
-                tracing::warn!(error = %error::error_chain(&e), "janitor could not sweep the blob store")
+                tracing::warn!(error = %vial_core::error_chain(&e), "janitor could not sweep the blob store")
             }
         }
         let pack_cutoff = storage::now_millis() - service.config.upload_ttl.as_millis() as i64;

@@ -277,5 +277,5 @@ async fn copy_blob(
 }
 
 fn client_error(e: ClientError) -> SyncError {
-    SyncError::source(crate::error::error_chain(&e), e.is_transient())
+    SyncError::source(vial_core::error_chain(&e), e.is_transient())
 }

@@ -15,8 +15,8 @@ pub(crate) mod report;
 pub use report::{GcMetrics, GcReport};
 
 use super::Service;
-use crate::error::error_chain;
 use crate::storage::{now_millis, BytesDeletion, Garbage, Job, PackId, StorageError};
+use vial_core::error_chain;
 
 /// Candidates looked at per batch, and blobs removed per transaction.
 const BATCH: u32 = 1000;

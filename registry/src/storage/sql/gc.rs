@@ -258,7 +258,7 @@ impl SqlMetadataStore {
             .filter_map(|(item, r)| match r {
                 Ok(()) => Some(item),
                 Err(e) => {
-                    tracing::warn!(%item, error = %crate::error::error_chain(&e), "could not delete bytes; the next collection pass tries again");
+                    tracing::warn!(%item, error = %vial_core::error_chain(&e), "could not delete bytes; the next collection pass tries again");
                     None
                 }
             })
