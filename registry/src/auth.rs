@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,93 +23,8 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
+pub use crate::config::{Action, AuthSettings, Rule, UserEntry};
 use crate::error::{ApiError, ErrorCode};
-
-/// What a request may do to a repository.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Action {
-    Pull,
-    Push,
-    Delete,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Pull => "pull",
-            Action::Push => "push",
-            Action::Delete => "delete",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Action> {
-        match s {
-            "pull" => Some(Action::Pull),
-            "push" => Some(Action::Push),
-            "delete" => Some(Action::Delete),
-            _ => None,
-        }
-    }
-}
-
-/// One access rule: `users` may do `actions` in repositories matching `repositories`, a pattern in
-/// which `*` stands for any run of characters (`weights/*` covers `weights/a/b`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    pub repositories: String,
-    /// User names, `*` for any signed-in user, `anonymous` for requests without credentials.
-    pub users: Vec<String>,
-    pub actions: Vec<Action>,
-}
-
-/// A user defined in the config file, with a bcrypt password hash (as `htpasswd -B` makes).
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct UserEntry {
-    pub name: String,
-    pub password_hash: String,
-}
-
-impl std::fmt::Debug for UserEntry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UserEntry")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
-
-/// How the registry authenticates clients, as configured.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AuthSettings {
-    /// The `service` of the token flow: tokens name it as their audience.
-    pub service: String,
-    /// The token endpoint clients are sent to; by default this server's `/token`.
-    pub realm: Option<String>,
-    pub htpasswd: Option<PathBuf>,
-    pub users: Vec<UserEntry>,
-    pub rules: Vec<Rule>,
-    /// A file holding the token signing key (at least 32 bytes). Replicas must share it; without
-    /// it each process makes up its own and tokens only work on the replica that issued them.
-    pub token_key_file: Option<PathBuf>,
-    pub token_ttl: Duration,
-}
-
-impl Default for AuthSettings {
-    fn default() -> Self {
-        AuthSettings {
-            service: "vial".into(),
-            realm: None,
-            htpasswd: None,
-            users: Vec::new(),
-            // Without rules, signed-in users may do everything and anonymous clients nothing.
-            rules: Vec::new(),
-            token_key_file: None,
-            token_ttl: Duration::from_secs(300),
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthConfigError {

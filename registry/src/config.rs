@@ -1,7 +1,10 @@
-//! Server configuration: where metadata and blobs live, and the limits the server enforces.
+//! Server configuration: where metadata and blobs live, the limits the server enforces, and who
+//! may do what (the authentication settings, which `auth.rs` enforces).
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 /// Where the registry keeps its metadata.
 #[derive(Clone, PartialEq, Eq)]
@@ -143,7 +146,7 @@ pub struct Config {
     /// Answer blob GETs with a redirect to a presigned URL of the object store, when it has them.
     pub redirect_blobs: bool,
     /// Token authentication; `None` serves everyone everything (the embedded default on loopback).
-    pub auth: Option<crate::auth::AuthSettings>,
+    pub auth: Option<AuthSettings>,
     /// Serve HTTPS with this certificate chain and key (PEM files).
     pub tls: Option<TlsFiles>,
     /// Queue a seal for every file artifact pushed by other tools (ORAS, ModelPack, Docker model).
@@ -456,6 +459,92 @@ impl Config {
             .iter()
             .map(|(_, d)| *d)
             .fold(self.retention, Duration::min)
+    }
+}
+
+/// What a request may do to a repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Pull,
+    Push,
+    Delete,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Pull => "pull",
+            Action::Push => "push",
+            Action::Delete => "delete",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<Action> {
+        match s {
+            "pull" => Some(Action::Pull),
+            "push" => Some(Action::Push),
+            "delete" => Some(Action::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// One access rule: `users` may do `actions` in repositories matching `repositories`, a pattern in
+/// which `*` stands for any run of characters (`weights/*` covers `weights/a/b`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub repositories: String,
+    /// User names, `*` for any signed-in user, `anonymous` for requests without credentials.
+    pub users: Vec<String>,
+    pub actions: Vec<Action>,
+}
+
+/// A user defined in the config file, with a bcrypt password hash (as `htpasswd -B` makes).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct UserEntry {
+    pub name: String,
+    pub password_hash: String,
+}
+
+impl std::fmt::Debug for UserEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserEntry")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the registry authenticates clients, as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthSettings {
+    /// The `service` of the token flow: tokens name it as their audience.
+    pub service: String,
+    /// The token endpoint clients are sent to; by default this server's `/token`.
+    pub realm: Option<String>,
+    pub htpasswd: Option<PathBuf>,
+    pub users: Vec<UserEntry>,
+    pub rules: Vec<Rule>,
+    /// A file holding the token signing key (at least 32 bytes). Replicas must share it; without
+    /// it each process makes up its own and tokens only work on the replica that issued them.
+    pub token_key_file: Option<PathBuf>,
+    pub token_ttl: Duration,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        AuthSettings {
+            service: "vial".into(),
+            realm: None,
+            htpasswd: None,
+            users: Vec::new(),
+            // Without rules, signed-in users may do everything and anonymous clients nothing.
+            rules: Vec::new(),
+            token_key_file: None,
+            token_ttl: Duration::from_secs(300),
+        }
     }
 }
 
