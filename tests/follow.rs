@@ -746,7 +746,7 @@ fn a_follower_reading_through_the_cache_tier_hears_moves_at_the_origin() {
                 && l.contains("status=\"200\"")),
         "the cache answered no tag watch:\n{text}"
     );
-    crate::support::assert_matrix_stores_unused(&cache);
+    crate::support::assert_no_stores_opened(&cache);
 }
 
 /// A follower whose stdout and stderr go to one file (`>log 2>&1`, as a service manager or a

@@ -2,8 +2,9 @@
 //!
 //! Start reading at [`serve`], which opens the configured backends and runs the HTTP server until a
 //! shutdown signal; then `v2::enter`, which turns every `/v2/…` request into a typed
-//! [`route::Endpoint`], authorizes it and hands it to the API (`api::Api`, one handler module
-//! per resource) or, in a cache, to the cache tier (`cache::api::Tier`). Storage sits behind the
+//! [`route::Endpoint`], authorizes it and hands it to the router behind it: the API (`api/`, one
+//! handler module per resource, over `state::AppState`) or, in a cache, the cache tier
+//! (`cache::api`, over its own `CacheState`, which opens no store). Storage sits behind the
 //! [`storage::BlobStore`] and [`storage::MetadataStore`] traits.
 
 mod api;
@@ -36,8 +37,9 @@ use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use cache::api::CacheState;
 pub use config::{BlobBackend, Config, MetadataBackend};
-use state::AppState;
+use state::{AppState, Entrance};
 use storage::{BlobStore, FsBlobStore, MetadataStore, S3BlobStore, SqlMetadataStore, StorageError};
 
 /// Opens the backends named by the configuration. This is the one place that picks implementations.
@@ -70,53 +72,75 @@ pub async fn open_storage(
     Ok((meta, blobs))
 }
 
-/// Builds the HTTP application over already-open storage.
+/// Builds the HTTP application of a registry that stores, over already-open storage.
 pub fn app(
     config: Config,
     meta: Arc<dyn MetadataStore>,
     blobs: Arc<dyn BlobStore>,
 ) -> Result<(Router, Arc<AppState>), ServeError> {
-    let auth = config.auth.clone().map(auth::Auth::load).transpose()?;
-    let cache = config
-        .upstream
-        .as_ref()
-        .map(|u| cache::Cache::open(u).map(Arc::new))
-        .transpose()
-        .map_err(ServeError::Cache)?;
+    let config = Arc::new(config);
+    let metrics = Arc::new(metrics::Metrics::default());
+    let entrance = Entrance::new(Arc::clone(&config), Arc::clone(&metrics))?;
     let state = Arc::new(AppState {
-        service: Arc::new(service::Service::new(config, meta, blobs)),
-        auth,
-        upload_slots: Arc::default(),
-        cache,
+        entrance,
+        service: Arc::new(service::Service::new(config, metrics, meta, blobs)),
         tag_watch: std::sync::OnceLock::new(),
     });
-    let router = Router::new()
-        .route("/token", get(v2::token).post(v2::token))
+    let router = entrance_routes::<AppState>()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/_vial/cache/id", get(cache_id))
         .route("/readyz", get(ready_handler))
         .route("/", get(ui::root))
         .route("/ui", axum::routing::any(ui::handle))
         .route("/ui/", axum::routing::any(ui::handle))
-        .route("/ui/{*page}", axum::routing::any(ui::handle));
-    // A cache answers `/v2/…` from what it holds and its upstream; a registry from its stores.
-    let router = if state.cache.is_some() {
-        router.fallback(v2::enter::<cache::api::Tier>)
-    } else {
-        router.fallback(v2::enter::<api::Api>)
-    }
-    .with_state(Arc::clone(&state));
-    let router = front::layers(router, &state.config.limits);
-    Ok((router, state))
+        .route("/ui/{*page}", axum::routing::any(ui::handle))
+        .fallback(v2::enter::<AppState>)
+        .with_state(Arc::clone(&state));
+    Ok((front::layers(router, &state.config.limits), state))
 }
 
-/// Runs the registry on `listener` until `shutdown` completes, then finishes in-flight requests.
+/// Builds the HTTP application of a cache of another registry (`--upstream`). It opens no store:
+/// what it holds lives in its cache directory.
+fn cache_app(config: Config) -> Result<(Router, Arc<CacheState>), ServeError> {
+    let upstream = config
+        .upstream
+        .as_ref()
+        .ok_or_else(|| ServeError::Cache("no upstream is configured".into()))?;
+    let cache = Arc::new(cache::Cache::open(upstream).map_err(ServeError::Cache)?);
+    let config = Arc::new(config);
+    let state = Arc::new(CacheState {
+        entrance: Entrance::new(Arc::clone(&config), Arc::default())?,
+        cache,
+    });
+    let router = entrance_routes::<CacheState>()
+        .route("/metrics", get(cache_metrics))
+        .route("/readyz", get(|| async { "ready\n" }))
+        .route("/_vial/cache/id", get(cache_id))
+        .route("/", get(cache_root))
+        .route("/ui", get(cache_root))
+        .route("/ui/", get(cache_root))
+        .route("/ui/{*page}", get(cache_root))
+        .fallback(v2::enter::<CacheState>)
+        .with_state(Arc::clone(&state));
+    Ok((front::layers(router, &config.limits), state))
+}
+
+/// The routes every process answers the same way, whichever tier stands behind the entrance.
+fn entrance_routes<T: v2::Tier>() -> Router<Arc<T>> {
+    Router::new()
+        .route("/token", get(v2::token::<T>).post(v2::token::<T>))
+        .route("/healthz", get(|| async { "ok\n" }))
+}
+
+/// Runs the registry, or a cache when the configuration names an upstream, on `listener` until
+/// `shutdown` completes, then finishes in-flight requests.
 pub async fn serve(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    if config.upstream.is_some() {
+        return serve_cache(config, listener, shutdown).await;
+    }
     let (meta, blobs) = open_storage(&config).await?;
     let (router, state) = app(config, meta, blobs)?;
     // An unreachable bucket or wrong credentials should be the first thing an operator reads, not
@@ -128,22 +152,14 @@ pub async fn serve(
             tracing::warn!(blobs = ?probe.config.blobs, error = %vial_core::error_chain(&e), "blob store is not reachable yet");
         }
     });
-    // A cache keeps nothing of its own in the stores: nothing to sweep, collect or run.
-    let caching = state.cache.is_some();
-    if let Some(cache) = &state.cache {
-        tracing::info!(upstream = %cache.upstream_url, "serving as a read-through cache");
-        if !cache.peers.is_empty() {
-            let cache = Arc::clone(cache);
-            tokio::spawn(async move { cache.peers.find_myself().await });
-        }
-    }
-    let janitor =
-        (!caching).then(|| tokio::spawn(service::upkeep::run(Arc::clone(&state.service))));
-    let collector = (!caching && !state.config.gc_interval.is_zero())
+    let janitor = tokio::spawn(service::upkeep::run(Arc::clone(&state.service)));
+    let collector = (!state.config.gc_interval.is_zero())
         .then(|| tokio::spawn(service::gc::schedule(Arc::clone(&state.service))));
     // The job runner stops taking work as soon as shutdown begins and hands back the job it holds.
     let (stop_jobs, stopped) = tokio::sync::watch::channel(false);
-    let runner = (state.config.run_jobs && !caching)
+    let runner = state
+        .config
+        .run_jobs
         .then(|| tokio::spawn(jobs::run(Arc::clone(&state.service), stopped)));
     let watching = Arc::clone(&state);
     let shutdown = async move {
@@ -154,25 +170,8 @@ pub async fn serve(
             watch.close();
         }
     };
-    let addr = listener.local_addr().map_err(ServeError::Listen)?;
-    tracing::info!(%addr, "registry listening");
-    let limits = &state.config.limits;
-    match &state.config.tls {
-        Some(files) => {
-            let config = listener::server_config(files).map_err(ServeError::Tls)?;
-            let listener =
-                listener::TlsListener::new(listener, config).map_err(ServeError::Listen)?;
-            tracing::info!(cert = %files.cert.display(), "serving HTTPS");
-            front::serve(listener, router, limits, shutdown).await;
-        }
-        None => front::serve(listener::PlainListener(listener), router, limits, shutdown).await,
-    }
-    if let Some(janitor) = janitor {
-        janitor.abort();
-    }
-    if let Some(cache) = &state.cache {
-        cache.close();
-    }
+    listen(&state.config, listener, router, shutdown).await?;
+    janitor.abort();
     if let Some(collector) = collector {
         collector.abort();
     }
@@ -185,6 +184,50 @@ pub async fn serve(
         }
     }
     tracing::info!("registry stopped");
+    Ok(())
+}
+
+/// A cache keeps nothing of its own in stores: nothing to sweep, collect or run.
+async fn serve_cache(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (router, state) = cache_app(config)?;
+    let cache = &state.cache;
+    tracing::info!(
+        upstream = %cache.upstream_url,
+        "serving as a read-through cache; the metadata and blob stores are not opened"
+    );
+    if !cache.peers.is_empty() {
+        let cache = Arc::clone(cache);
+        tokio::spawn(async move { cache.peers.find_myself().await });
+    }
+    listen(&state.entrance.config, listener, router, shutdown).await?;
+    cache.close();
+    tracing::info!("cache stopped");
+    Ok(())
+}
+
+/// Serves `router` over plain TCP or TLS, as configured, until `shutdown` completes.
+async fn listen(
+    config: &Config,
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(ServeError::Listen)?;
+    tracing::info!(%addr, "registry listening");
+    let limits = &config.limits;
+    match &config.tls {
+        Some(files) => {
+            let tls = listener::server_config(files).map_err(ServeError::Tls)?;
+            let listener = listener::TlsListener::new(listener, tls).map_err(ServeError::Listen)?;
+            tracing::info!(cert = %files.cert.display(), "serving HTTPS");
+            front::serve(listener, router, limits, shutdown).await;
+        }
+        None => front::serve(listener::PlainListener(listener), router, limits, shutdown).await,
+    }
     Ok(())
 }
 
@@ -213,30 +256,49 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
         BlobBackend::Filesystem { .. } => "filesystem",
         BlobBackend::S3(_) => "s3",
     };
-    text.push_str("# HELP vial_backend_info The stores this registry runs on.\n");
-    text.push_str("# TYPE vial_backend_info gauge\n");
-    text.push_str(&format!(
-        "vial_backend_info{{metadata=\"{metadata}\",blobs=\"{blobs}\",auth=\"{}\",tls=\"{}\"}} 1\n",
-        state.auth.is_some(),
-        state.config.tls.is_some()
-    ));
+    backend_info(&mut text, &state.entrance, metadata, blobs);
     state.gc_metrics.render(&mut text);
-    if let Some(cache) = &state.cache {
-        cache.render_metrics(&mut text);
-    }
     if let Some(watch) = state.tag_watch.get() {
         watch.render_metrics(&mut text);
     }
     state.blobs.render_metrics(&mut text);
+    prometheus_text(text)
+}
+
+/// A cache's metrics: its requests and what it holds; it runs on no store.
+async fn cache_metrics(State(state): State<Arc<CacheState>>) -> Response {
+    let mut text = state.entrance.metrics.render(None);
+    backend_info(&mut text, &state.entrance, "none", "none");
+    state.cache.render_metrics(&mut text);
+    prometheus_text(text)
+}
+
+fn backend_info(text: &mut String, entrance: &Entrance, metadata: &str, blobs: &str) {
+    text.push_str("# HELP vial_backend_info The stores this process runs on (none in a cache).\n");
+    text.push_str("# TYPE vial_backend_info gauge\n");
+    text.push_str(&format!(
+        "vial_backend_info{{metadata=\"{metadata}\",blobs=\"{blobs}\",auth=\"{}\",tls=\"{}\"}} 1\n",
+        entrance.auth.is_some(),
+        entrance.config.tls.is_some()
+    ));
+}
+
+fn prometheus_text(text: String) -> Response {
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// A cache replica's instance id, by which it recognizes itself in its list of peers.
-async fn cache_id(State(state): State<Arc<AppState>>) -> Response {
-    match &state.cache {
-        Some(cache) => cache.peers.instance.clone().into_response(),
-        None => StatusCode::NOT_FOUND.into_response(),
-    }
+async fn cache_id(State(state): State<Arc<CacheState>>) -> String {
+    state.cache.peers.instance.clone()
+}
+
+/// A cache has no web UI of its own: it says what it is and where its content comes from.
+async fn cache_root(State(state): State<Arc<CacheState>>) -> String {
+    format!(
+        "vial: a read-through cache of {}. Its web UI is the upstream's; this server answers \
+         the registry API under /v2/.\n",
+        state.cache.upstream_url
+    )
 }
 
 /// Ready when both stores answer: a load balancer stops sending requests to a replica that has lost

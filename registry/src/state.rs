@@ -1,23 +1,47 @@
-//! What every request handler of one registry process shares: the [`Service`] below them (the
-//! stores and the work over them), and what only the HTTP side keeps: authentication, the upload
-//! cap per client, the cache tier when this process is one, and the requests waiting for tags.
+//! What request handlers share. Two routers stand behind the entrance ([`crate::v2`]), one per
+//! kind of process: the API of a registry that stores, over [`AppState`], and the cache tier,
+//! over its own state in `cache/`, which opens no store. Both carry an [`Entrance`]: what the
+//! entrance itself needs, whichever router answers.
 
 use std::ops::Deref;
 use std::sync::Arc;
 
+use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::service::Service;
-use crate::{auth, cache, front, watch};
+use crate::{auth, front, watch};
 
-/// Shared state of every request handler. It reads as the [`Service`] it holds (`state.meta`,
-/// `state.config`), plus the fields below.
+/// What the entrance keeps for every router: the configuration, authentication, the upload cap
+/// per client and the request counters.
 #[derive(Debug)]
-pub struct AppState {
-    pub(crate) service: Arc<Service>,
+pub struct Entrance {
+    pub(crate) config: Arc<Config>,
     pub(crate) auth: Option<auth::Auth>,
     /// Upload requests in flight per client address, against `Limits::max_uploads_per_client`.
     pub(crate) upload_slots: Arc<front::UploadSlots>,
-    /// Set when this server is a cache of another registry (`--upstream`).
-    pub(crate) cache: Option<Arc<cache::Cache>>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Entrance {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Entrance, auth::AuthConfigError> {
+        Ok(Entrance {
+            auth: config.auth.clone().map(auth::Auth::load).transpose()?,
+            config,
+            upload_slots: Arc::default(),
+            metrics,
+        })
+    }
+}
+
+/// Shared state of the API's handlers. It reads as the [`Service`] it holds (`state.meta`,
+/// `state.config`), plus the fields below.
+#[derive(Debug)]
+pub struct AppState {
+    pub(crate) entrance: Entrance,
+    pub(crate) service: Arc<Service>,
     /// Requests waiting for tags to move, started by the first of them.
     pub(crate) tag_watch: std::sync::OnceLock<Arc<watch::TagWatch>>,
 }

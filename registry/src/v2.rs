@@ -16,14 +16,18 @@ use crate::error::{ApiError, ErrorCode};
 use crate::front::ClientAddr;
 use crate::http::{is_plain_authority, Query, Request};
 use crate::route::{self, Endpoint};
-use crate::state::AppState;
+use crate::state::Entrance;
 use crate::storage::Presence;
 
-/// A router behind the entrance: the API of a registry that stores, or the cache tier. The
-/// registry installs `enter::<T>` for one of them as its fallback.
-pub(crate) trait Tier {
+/// A router behind the entrance, named by its state: the API of a registry that stores
+/// ([`AppState`](crate::state::AppState)), or the cache tier. The registry installs `enter::<T>`
+/// for one of them as its fallback.
+pub(crate) trait Tier: Send + Sync + 'static {
+    /// What the entrance needs of every router.
+    fn entrance(&self) -> &Entrance;
+
     fn handle(
-        state: Arc<AppState>,
+        state: Arc<Self>,
         endpoint: Endpoint,
         req: Request,
         body: Body,
@@ -33,7 +37,7 @@ pub(crate) trait Tier {
 /// Every `/v2/…` request comes through here, inside the span the front door opened for it
 /// (`front::request_span`), and is answered by tier `T`.
 pub(crate) async fn enter<T: Tier>(
-    State(state): State<Arc<AppState>>,
+    State(state): State<Arc<T>>,
     ConnectInfo(client): ConnectInfo<ClientAddr>,
     method: Method,
     uri: Uri,
@@ -69,9 +73,10 @@ pub(crate) async fn enter<T: Tier>(
                     .path_and_query()
                     .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
             };
-            let response = match authorize(&state, &endpoint, &mut request) {
+            let entrance = state.entrance();
+            let response = match authorize(entrance, &endpoint, &mut request) {
                 Ok(()) => {
-                    match upload_slot(&state, &endpoint, &request.method, sent_body, client) {
+                    match upload_slot(entrance, &endpoint, &request.method, sent_body, client) {
                         // Held until the handler has read the body and answered.
                         Ok(_slot) => T::handle(Arc::clone(&state), endpoint, request, body)
                             .await
@@ -90,6 +95,7 @@ pub(crate) async fn enter<T: Tier>(
     );
     let status = response.status();
     state
+        .entrance()
         .metrics
         .record_request(label, method.as_str(), status.as_u16());
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -104,7 +110,7 @@ pub(crate) async fn enter<T: Tier>(
 /// A slot for an upload request that sends data, under the per-client cap
 /// (`Limits::max_uploads_per_client`); `None` for every other request.
 fn upload_slot(
-    state: &AppState,
+    entrance: &Entrance,
     endpoint: &Endpoint,
     method: &Method,
     sent_body: bool,
@@ -119,9 +125,9 @@ fn upload_slot(
     if !uploads {
         return Ok(None);
     }
-    state
+    entrance
         .upload_slots
-        .take(client.0.ip(), state.config.limits.max_uploads_per_client)
+        .take(client.0.ip(), entrance.config.limits.max_uploads_per_client)
 }
 
 /// What an endpoint needs from the caller's token.
@@ -168,11 +174,11 @@ fn need(endpoint: &Endpoint, method: &Method) -> Need {
 /// Checks the caller's token when authentication is on. A cross-repository mount also needs pull
 /// access to the source; without it the mount is dropped and the client gets an ordinary upload
 /// session, as the spec allows, so no blob leaks between repositories.
-fn authorize(state: &AppState, endpoint: &Endpoint, req: &mut Request) -> Result<(), ApiError> {
-    let Some(auth) = &state.auth else {
+fn authorize(entrance: &Entrance, endpoint: &Endpoint, req: &mut Request) -> Result<(), ApiError> {
+    let Some(auth) = &entrance.auth else {
         return Ok(());
     };
-    let realm = token_realm(state, req.header("host"));
+    let realm = token_realm(entrance, req.header("host"));
     let authorization = req.header("authorization").map(str::to_owned);
     let identity = auth.authorize(
         authorization.as_deref(),
@@ -211,11 +217,11 @@ fn authorize(state: &AppState, endpoint: &Endpoint, req: &mut Request) -> Result
 /// The token endpoint clients are sent to: under `public-url` when the operator set one, else
 /// under the `Host` the client used, if that is a plain `host[:port]`. Anything else in `Host` is
 /// a client's say, not an address, and never reaches the challenge header.
-fn token_realm(state: &AppState, host: Option<&str>) -> String {
-    if let Some(base) = &state.config.public_url {
+fn token_realm(entrance: &Entrance, host: Option<&str>) -> String {
+    if let Some(base) = &entrance.config.public_url {
         return format!("{base}/token");
     }
-    let scheme = if state.config.tls.is_some() {
+    let scheme = if entrance.config.tls.is_some() {
         "https"
     } else {
         "http"
@@ -228,15 +234,15 @@ fn token_realm(state: &AppState, host: Option<&str>) -> String {
 
 /// `GET /token` (HTTP Basic credentials, `?scope=` repeated) and `POST /token` (the OAuth2 password
 /// grant): the token endpoint of the Docker token flow.
-pub(crate) async fn token(
-    State(state): State<Arc<AppState>>,
+pub(crate) async fn token<T: Tier>(
+    State(state): State<Arc<T>>,
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<crate::front::ClientAddr>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let Some(auth) = &state.auth else {
+    let Some(auth) = &state.entrance().auth else {
         return ApiError::not_found(
             ErrorCode::Unsupported,
             "authentication is off: no token is needed",

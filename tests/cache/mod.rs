@@ -115,9 +115,9 @@ fn cache_args(upstream: &str, extra: &[&str]) -> Vec<String> {
     args
 }
 
-/// A cache of `upstream` on `data`. Its metadata and blob stores are the ones the backend matrix
-/// picks, as its origin's are: a cache keeps its blobs in its cache directory and must leave them
-/// empty ([`crate::support::assert_matrix_stores_unused`]).
+/// A cache of `upstream` on `data`, given the metadata and blob stores the backend matrix picks,
+/// as its origin is: a cache keeps its blobs in its cache directory and must not open them
+/// ([`crate::support::assert_no_stores_opened`]).
 fn start_cache(data: &Path, upstream: &str, extra: &[&str]) -> Server {
     let args = cache_args(upstream, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -252,7 +252,7 @@ fn a_fleet_pulls_through_the_cache_and_the_origin_sends_each_chunk_once() {
             "the mount's chunks all came from the cache"
         );
     }
-    crate::support::assert_matrix_stores_unused(tier.cache());
+    crate::support::assert_no_stores_opened(tier.cache());
 }
 
 #[test]
@@ -542,6 +542,20 @@ fn writes_are_refused_with_the_upstream_to_send_them_to() {
         versions.contains(tier.pinned.split('@').nth(1).unwrap()),
         "{versions}"
     );
+    // It has no web UI of its own and says where its content comes from; it is ready with no
+    // store behind it.
+    for page in ["/", "/ui/"] {
+        let r = reqwest::blocking::get(format!("{}{page}", tier.cache().url())).unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let text = r.text().unwrap();
+        assert!(
+            text.contains("read-through cache") && text.contains(&tier.proxy.addr),
+            "{page}: {text}"
+        );
+    }
+    let ready = reqwest::blocking::get(format!("{}/readyz", tier.cache().url())).unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+    crate::support::assert_no_stores_opened(tier.cache());
 }
 
 #[test]
@@ -835,7 +849,7 @@ fn the_cache_signs_in_upstream_and_keeps_each_repository_to_its_readers() {
         ],
     );
     assert_same_tree(&pushed[0].0, &out);
-    crate::support::assert_matrix_stores_unused(&cache);
+    crate::support::assert_no_stores_opened(&cache);
 }
 
 #[test]

@@ -103,7 +103,7 @@ fn replicas_share_the_work_and_a_dead_peer_is_skipped() {
         urls[victim]
     );
     for replica in replicas.iter().flatten() {
-        crate::support::assert_matrix_stores_unused(replica);
+        crate::support::assert_no_stores_opened(replica);
     }
 }
 

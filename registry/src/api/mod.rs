@@ -1,5 +1,5 @@
-//! The Distribution API of a registry that stores: [`Api`] hands each request that passed the
-//! entrance ([`crate::v2`]) to one handler module per resource.
+//! The Distribution API of a registry that stores: the tier over [`AppState`] hands each request
+//! that passed the entrance ([`crate::v2`]) to one handler module per resource.
 
 mod blobs;
 pub(crate) mod bodies;
@@ -19,12 +19,14 @@ use axum::response::{IntoResponse, Response};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::Request;
 use crate::route::{self, Endpoint};
-use crate::state::AppState;
+use crate::state::{AppState, Entrance};
 
 /// The tier behind the entrance in a registry that stores.
-pub(crate) struct Api;
+impl crate::v2::Tier for AppState {
+    fn entrance(&self) -> &Entrance {
+        &self.entrance
+    }
 
-impl crate::v2::Tier for Api {
     async fn handle(
         state: Arc<AppState>,
         endpoint: Endpoint,
@@ -148,7 +150,7 @@ async fn handle(
 
 /// Garbage collection is for whoever may delete in every repository (anyone, without auth).
 fn may_collect(state: &AppState, req: &Request) -> Result<(), ApiError> {
-    if let (Some(auth), Some(subject)) = (&state.auth, &req.subject) {
+    if let (Some(auth), Some(subject)) = (&state.entrance.auth, &req.subject) {
         if !auth.may_delete_everything(subject) {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,

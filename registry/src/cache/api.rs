@@ -14,24 +14,30 @@ use super::{read_stored, Cache, Claim, Via};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request};
 use crate::route::Endpoint;
-use crate::state::AppState;
+use crate::state::Entrance;
 use crate::storage::ByteStream;
 
-/// The tier behind the entrance in a cache.
-pub(crate) struct Tier;
+/// Shared state of a cache's handlers: the entrance's part and the cache. No store: a cache
+/// keeps what it holds in its own directory.
+#[derive(Debug)]
+pub(crate) struct CacheState {
+    pub(crate) entrance: Entrance,
+    pub(crate) cache: Arc<Cache>,
+}
 
-impl crate::v2::Tier for Tier {
+/// The tier behind the entrance in a cache.
+impl crate::v2::Tier for CacheState {
+    fn entrance(&self) -> &Entrance {
+        &self.entrance
+    }
+
     async fn handle(
-        state: Arc<AppState>,
+        state: Arc<CacheState>,
         endpoint: Endpoint,
         req: Request,
         body: Body,
     ) -> Result<Response, ApiError> {
-        let cache = state
-            .cache
-            .clone()
-            .ok_or_else(|| ApiError::internal("the cache tier answered without a cache"))?;
-        handle(&cache, endpoint, &req, body).await
+        handle(&state.cache, endpoint, &req, body).await
     }
 }
 

@@ -1,7 +1,7 @@
 //! The service floor: the registry below its routers. The API and the web UI call it; so does the
-//! background work (the job runner and what it runs, the janitor, garbage collection). The cache
-//! tier keeps nothing in these stores and uses only its configuration and metrics. It never knows
-//! HTTP, and nothing in it imports a router or `AppState`.
+//! background work (the job runner and what it runs, the janitor, garbage collection). A cache
+//! has none of it: it keeps nothing in these stores and does not open them. The service never
+//! knows HTTP, and nothing in it imports a router or `AppState`.
 //!
 //! # Who may call the stores directly
 //! A call that touches one store once is atomic by itself, and any caller may make it: a
@@ -54,7 +54,7 @@ use crate::storage::{BlobStore, MetadataStore};
 pub struct Service {
     pub(crate) meta: Arc<dyn MetadataStore>,
     pub(crate) blobs: Arc<dyn BlobStore>,
-    pub(crate) config: Config,
+    pub(crate) config: Arc<Config>,
     pub(crate) metrics: Arc<Metrics>,
     /// Upload sessions this process has seen: a lock each, and the running digest.
     pub(crate) sessions: Sessions,
@@ -66,7 +66,8 @@ pub struct Service {
 
 impl Service {
     pub(crate) fn new(
-        config: Config,
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
         meta: Arc<dyn MetadataStore>,
         blobs: Arc<dyn BlobStore>,
     ) -> Service {
@@ -74,7 +75,7 @@ impl Service {
             meta,
             blobs,
             config,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             sessions: Sessions::default(),
             jobs: JobQueue::default(),
             gc_turn: tokio::sync::Mutex::new(()),

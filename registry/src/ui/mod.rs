@@ -88,7 +88,7 @@ pub(crate) fn repo_url(repo: &RepoName, sub: &str) -> String {
 impl AppState {
     /// Whether `viewer` may see `repo`: whether its pulls would be allowed.
     pub(crate) fn ui_may_pull(&self, viewer: &Viewer, repo: &str) -> bool {
-        match &self.auth {
+        match &self.entrance.auth {
             None => true,
             Some(auth) => auth.allows(viewer.subject.as_deref(), repo, Action::Pull),
         }
@@ -97,7 +97,7 @@ impl AppState {
     /// Whether `viewer` may see registry-wide figures (storage, every job): only someone who may
     /// pull from every repository, since counts over all of them say something of each.
     pub(crate) fn ui_sees_everything(&self, viewer: &Viewer) -> bool {
-        match &self.auth {
+        match &self.entrance.auth {
             None => true,
             Some(auth) => auth.allows(viewer.subject.as_deref(), "*", Action::Pull),
         }

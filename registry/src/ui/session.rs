@@ -17,7 +17,7 @@ pub(crate) const COOKIE: &str = "vial_session";
 /// no longer verifies).
 pub(super) fn viewer(state: &AppState, headers: &HeaderMap) -> Viewer {
     let host = host(state, headers);
-    let Some(auth) = &state.auth else {
+    let Some(auth) = &state.entrance.auth else {
         return Viewer {
             subject: None,
             auth: false,
@@ -58,13 +58,13 @@ fn host(state: &AppState, headers: &HeaderMap) -> String {
 pub(super) fn form(state: &AppState, error: Option<(StatusCode, &str)>) -> Response {
     let viewer = Viewer {
         subject: None,
-        auth: state.auth.is_some(),
+        auth: state.entrance.auth.is_some(),
         host: String::new(),
     };
     let status = error.map_or(StatusCode::OK, |(s, _)| s);
     let body = html! {
         h1 { "Sign in" }
-        @if state.auth.is_none() {
+        @if state.entrance.auth.is_none() {
             p { "This registry does not check credentials: everything is visible without signing in." }
         } @else {
             @if let Some((_, message)) = error { p.error { (message) } }
@@ -81,7 +81,7 @@ pub(super) fn form(state: &AppState, error: Option<(StatusCode, &str)>) -> Respo
 
 /// `POST /ui/login` with `username` and `password`.
 pub(super) async fn sign_in(state: &AppState, client: ClientAddr, body: &[u8]) -> Response {
-    let Some(auth) = &state.auth else {
+    let Some(auth) = &state.entrance.auth else {
         return form(state, None);
     };
     let fields: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
