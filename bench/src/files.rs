@@ -13,22 +13,20 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Serialize;
 
 use crate::backends::{start_s3, Postgres, ACCESS_KEY, BUCKET, SECRET_KEY};
 use crate::checkpoint::{Case, Generator};
 use crate::mounted::{drop_page_cache, MountSpec, Mounted};
-use crate::report::Goal;
 use crate::run::{machine, sync_disk};
 use crate::servers::{self, Server, WorkDir};
 use crate::{pushers, rss};
 
 mod client;
 mod report;
+mod results;
 pub(crate) use client::{client, manifest, ClientArgs, Layer};
 use report::report;
-
-const GIB: f64 = (1u64 << 30) as f64;
+use results::{Concurrent, Results, Row, SizeRun, GIB, HASHING};
 
 #[derive(Debug, Args)]
 pub struct FilesArgs {
@@ -91,48 +89,6 @@ impl FilesArgs {
             pg_bin: &self.pg_bin,
         }
     }
-}
-
-/// One timed operation by one client.
-#[derive(Debug, Default, Clone, Serialize)]
-struct Row {
-    op: String,
-    client: String,
-    seconds: Option<f64>,
-    /// The client's user + system CPU seconds.
-    client_cpu: Option<f64>,
-    /// The registry's CPU seconds during the operation.
-    registry_cpu: Option<f64>,
-    /// The client's peak RSS, MiB.
-    rss_mib: Option<f64>,
-    /// Object-store requests the registry sent, by HTTP method (S3 backend).
-    s3: BTreeMap<String, u64>,
-    error: Option<String>,
-    /// Wall seconds of every run this row is the median of (one per round).
-    samples: Vec<f64>,
-}
-
-#[derive(Debug, Default, Serialize)]
-struct SizeRun {
-    backend: String,
-    gib: f64,
-    bytes: u64,
-    rows: Vec<Row>,
-}
-
-#[derive(Debug, Default, Serialize)]
-struct Results {
-    machine: crate::report::Machine,
-    runs: Vec<SizeRun>,
-    concurrent: Option<Concurrent>,
-    goals: Vec<Goal>,
-}
-
-#[derive(Debug, Default, Serialize)]
-struct Concurrent {
-    pushes: usize,
-    seconds: f64,
-    registry_peak_rss_mib: f64,
 }
 
 /// A registry to measure against: `vial serve` on one backend, with what it needs (the `tree`
@@ -634,9 +590,6 @@ async fn run_round(inputs: &Inputs<'_>, round: usize, dir: &Path) -> Result<Vec<
     std::fs::remove_dir_all(dir)?;
     Ok(rows)
 }
-
-/// The client of [`hashing_push`].
-const HASHING: &str = "file-per-layer, hashing";
 
 /// The file-per-layer push of a client that starts from the files alone and must hash them, as
 /// `oras push` does: on a registry of its own, so that no blob it sends is there already.

@@ -28,10 +28,8 @@ mod servers;
 mod tree;
 mod ui;
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(name = "vial-bench", version, about)]
@@ -43,7 +41,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Blob push/pull throughput, manifest latency and memory: vial vs docker-registry (and nginx).
-    Registry(RegistryArgs),
+    Registry(run::RegistryArgs),
     /// Checkpoint push: vial vs the ORAS Python SDK vs skopeo, first push and three re-pushes.
     Push(push::PushArgs),
     /// The registry on PostgreSQL + S3 and on two replicas, against SQLite + filesystem.
@@ -75,95 +73,6 @@ enum Command {
     /// The file-per-layer client `files` measures (run by the benchmark itself).
     #[command(hide = true)]
     FilesClient(files::ClientArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct RegistryArgs {
-    /// The `vial` binary to benchmark.
-    #[arg(long)]
-    pub vial: PathBuf,
-    /// The peer registry binary (CNCF Distribution 2.x).
-    #[arg(long, default_value = "docker-registry")]
-    pub peer: PathBuf,
-    /// nginx, the ceiling for the large download.
-    #[arg(long, default_value = "/usr/sbin/nginx")]
-    pub nginx: PathBuf,
-    /// curl, for the large download.
-    #[arg(long, default_value = "curl")]
-    pub curl: PathBuf,
-    /// Shrink everything for a smoke run of under a minute.
-    #[arg(long)]
-    pub quick: bool,
-    /// Clients pushing a large blob each at once while vial's RSS is sampled; 0 skips.
-    /// Default 16 (2 with --quick).
-    #[arg(long)]
-    pub rss_clients: Option<usize>,
-    /// Run the concurrent-push memory test against the peer as well.
-    #[arg(long)]
-    pub rss_peer: bool,
-    /// Write all figures to this file as JSON.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Parent of the run's directory (server data lives there; must be a real disk, not tmpfs).
-    /// Default: $TMPDIR, /var/tmp or the current directory, whichever is first not on tmpfs.
-    #[arg(long)]
-    pub workdir: Option<PathBuf>,
-    /// Keep the run's directory (with the servers' data and logs) instead of deleting it.
-    #[arg(long)]
-    pub keep_workdir: bool,
-}
-
-/// A size class of blobs: how many, how big, and how many clients move them at once.
-#[derive(Debug, Clone)]
-pub struct Class {
-    pub label: String,
-    pub size: usize,
-    pub count: usize,
-    pub concurrency: usize,
-}
-
-#[derive(Debug)]
-pub struct Plan {
-    pub classes: Vec<Class>,
-    pub pull_runs: usize,
-    pub manifest_clients: usize,
-    pub manifest_per_client: usize,
-    pub rss_clients: usize,
-}
-
-impl Plan {
-    fn new(args: &RegistryArgs) -> Self {
-        let class = |mib: usize, count, concurrency| Class {
-            label: if mib >= 1024 {
-                format!("{} GiB", mib / 1024)
-            } else {
-                format!("{mib} MiB")
-            },
-            size: mib << 20,
-            count,
-            concurrency,
-        };
-        let (classes, per_client, rss) = if args.quick {
-            (
-                vec![class(1, 16, 4), class(16, 4, 2), class(128, 2, 1)],
-                10,
-                2,
-            )
-        } else {
-            (
-                vec![class(1, 64, 4), class(64, 8, 2), class(1024, 2, 1)],
-                50,
-                16,
-            )
-        };
-        Plan {
-            classes,
-            pull_runs: 3,
-            manifest_clients: 32,
-            manifest_per_client: per_client,
-            rss_clients: args.rss_clients.unwrap_or(rss),
-        }
-    }
 }
 
 fn main() -> Result<()> {

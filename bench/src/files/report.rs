@@ -1,6 +1,6 @@
 //! The `files` benchmark's report: a table per checkpoint size and backend, then the goals.
 
-use super::{Results, Row, GIB, HASHING};
+use super::results::{Results, Row, GIB, HASHING};
 use crate::report::{num, table, times, Goal};
 
 fn fastest<'a>(rows: &'a [Row], op: &str, peers: &[&str]) -> Option<&'a Row> {

@@ -1,6 +1,8 @@
 //! The mount benchmark's report: its tables, its goals and the notes that explain the figures.
 
-use super::*;
+use super::results::*;
+use crate::mounted;
+use crate::report::{num, ratio, si, table, times, Goal};
 
 fn row_of<'a>(run: &'a SizeRun, key: &str) -> Option<&'a ReadRow> {
     run.reads.iter().find(|x| x.key == key)

@@ -8,18 +8,21 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Serialize;
 
 use crate::files::{manifest, Backends, Layer, Registry};
 use crate::mounted::{drop_page_cache, files_under, read_files, MountSpec, Mounted};
-use crate::report::Goal;
 use crate::run::machine;
 use crate::servers::{self, proc_status_kib, WorkDir};
 
 mod measure;
 mod report;
+mod results;
 mod volume;
 use measure::{limited, log_says_emfile, Run, Target, Watch};
+use results::{
+    Results, Row, VolumeRun, LS, LS_OP, MOUNT, MOUNT_OP, PER_FILE, PULL, PULL_READ, PUSH, READ,
+    TARBALL, VIAL,
+};
 use volume::Volume;
 
 #[derive(Debug, Args)]
@@ -55,81 +58,8 @@ pub struct TreeArgs {
     pub keep_page_reporting: bool,
 }
 
-// Clients, as the rows name them.
-const VIAL: &str = "vial";
-const TARBALL: &str = "tarball";
-const PER_FILE: &str = "layer per file";
-const MOUNT: &str = "vial mount";
-const PULL_READ: &str = "vial pull + read";
-const LS: &str = "ls -lR";
-// Operations.
-const PUSH: &str = "push";
-const PULL: &str = "pull";
-const READ: &str = "read every file";
-const MOUNT_OP: &str = "mount";
-const LS_OP: &str = "ls -lR";
 /// The tag every client pushes.
 const TAG: &str = "v1";
-
-/// One operation by one client. `vial` marks the row the others of its operation are compared to.
-#[derive(Debug, Default, Serialize)]
-struct Row {
-    op: &'static str,
-    client: &'static str,
-    vial: bool,
-    seconds: Option<f64>,
-    cpu: Option<f64>,
-    rss_mib: Option<f64>,
-    fds: Option<usize>,
-    emfile: bool,
-    /// Why there is no figure ("skipped: …", an error), or what is wrong with it.
-    note: Option<String>,
-}
-
-impl Row {
-    fn new(op: &'static str, client: &'static str, vial: bool) -> Row {
-        Row {
-            op,
-            client,
-            vial,
-            ..Row::default()
-        }
-    }
-
-    fn fill(&mut self, run: Run) {
-        self.seconds = Some(run.seconds);
-        self.cpu = Some(run.cpu);
-        self.rss_mib = Some(run.rss_mib);
-        self.fds = Some(run.fds);
-        self.emfile = run.emfile;
-    }
-
-    fn skipped(mut self, why: &str) -> Row {
-        self.note = Some(format!("skipped: {why}"));
-        self
-    }
-}
-
-/// One volume on one backend.
-#[derive(Debug, Serialize)]
-struct VolumeRun {
-    volume: String,
-    backend: String,
-    files: usize,
-    bytes: u64,
-    rows: Vec<Row>,
-    /// The registry's VmHWM after every client ran against it, MiB.
-    registry_rss_mib: Option<f64>,
-}
-
-#[derive(Debug, Default, Serialize)]
-struct Results {
-    machine: crate::report::Machine,
-    vial_version: String,
-    nofile: usize,
-    runs: Vec<VolumeRun>,
-    goals: Vec<Goal>,
-}
 
 /// What every volume and backend is measured with.
 struct Ctx<'a> {

@@ -1,7 +1,7 @@
 //! The `tree` benchmark's report: a table per volume and backend, then the goals of #48.
 
 use super::measure::NOFILE;
-use super::{
+use super::results::{
     Results, Row, VolumeRun, LS, LS_OP, MOUNT, MOUNT_OP, PULL, PULL_READ, PUSH, READ, TARBALL,
 };
 use crate::report::{num, print_goal_list, table, times, Goal};

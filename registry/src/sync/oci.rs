@@ -12,7 +12,8 @@ use vial_core::manifest::ImageManifest;
 use vial_core::volume::{Blob, VolumeIndex};
 use vial_core::{media, Digest, Reference, Target};
 
-use super::{Run, SyncError, SyncSpec};
+use super::attempt::{published, Run};
+use super::spec::{SyncError, SyncSpec};
 use crate::config::SyncSource;
 use crate::seal::seal;
 use crate::service::publish::{commit_manifest, Publish};
@@ -191,7 +192,7 @@ pub(super) async fn sync(
     }
     // A cancel (or a takeover) that came in meanwhile stops the job before it publishes.
     run.save_progress().await?;
-    super::published(
+    published(
         commit_manifest(
             &run.service,
             run.repo(),

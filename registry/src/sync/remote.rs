@@ -8,7 +8,7 @@ use futures_util::TryStreamExt;
 use tokio::io::AsyncRead;
 use tokio_util::io::StreamReader;
 
-use super::SyncError;
+use super::spec::SyncError;
 use crate::config::{Secret, SyncSource};
 
 /// A file of the source.

@@ -4,8 +4,8 @@ use maud::{html, Markup};
 use vial_core::volume::VOLUME_ARTIFACT_TYPE;
 use vial_core::RepoName;
 
-use super::layout::{self, bytes, short, time};
-use super::{repo_url, Viewer};
+use super::layout::{self, bytes, repo_url, short, time};
+use super::request::Viewer;
 use crate::error::ApiError;
 use crate::seal::SEAL_JOB;
 use crate::service::gc::GC_JOB;

@@ -7,8 +7,8 @@ use maud::{html, Markup};
 use vial_core::volume::{ANNOTATION_BYTES, ANNOTATION_FILES, VOLUME_ARTIFACT_TYPE};
 use vial_core::{RepoName, Tag};
 
-use super::layout::{self, bytes, copyable, short, time};
-use super::{page_number, query_param, repo_url, visible, Viewer};
+use super::layout::{self, bytes, copyable, repo_url, short, time};
+use super::request::{page_number, query_param, visible, Viewer};
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 use crate::storage::Window;

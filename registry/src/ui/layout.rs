@@ -1,9 +1,12 @@
 //! The page shell every UI page shares (header, sign-in state, styles for light and dark mode and
-//! phone widths), and small formatting helpers.
+//! phone widths), a page as a response, links to repositories, and small formatting helpers.
 
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, PreEscaped, DOCTYPE};
+use vial_core::RepoName;
 
-use super::Viewer;
+use super::request::Viewer;
 
 /// Styles, inline: the UI fetches nothing but its own pages. Light and dark follow the system.
 const STYLE: &str = r#"
@@ -137,6 +140,23 @@ pub fn pager(base: &str, page: usize, more: bool) -> Markup {
             @if more { a href=(format!("{base}{sep}page={}", page + 1)) { "older →" } }
         }
     }
+}
+
+/// A repository's page, or one of its subpages (`v/<digest>`, `compare`, `tags/<tag>`).
+pub(super) fn repo_url(repo: &RepoName, sub: &str) -> String {
+    if sub.is_empty() {
+        format!("/ui/r/{repo}")
+    } else {
+        format!("/ui/r/{repo}/-/{sub}")
+    }
+}
+
+/// A page as a response: HTML, never cached (what it shows depends on who asks).
+pub(super) fn html_response(status: StatusCode, markup: Markup) -> Response {
+    let mut r = (status, markup.into_string()).into_response();
+    crate::http::set_header(&mut r, "content-type", "text/html; charset=utf-8");
+    crate::http::set_header(&mut r, "cache-control", "no-store");
+    r
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod admin;
 mod browse;
 mod data;
 mod layout;
+mod request;
 mod session;
 mod version;
 
@@ -24,19 +25,11 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{html, Markup};
 use vial_core::{Digest, RepoName, Tag};
 
-use crate::auth::Action;
 use crate::error::ApiError;
 use crate::front::ClientAddr;
 use crate::state::AppState;
-
-/// Who is looking: `subject` once signed in; `auth` when the registry checks credentials at all;
-/// `host` is how clients name this registry in references (for the pinned references to copy).
-#[derive(Debug, Clone)]
-pub(crate) struct Viewer {
-    pub subject: Option<String>,
-    pub auth: bool,
-    pub host: String,
-}
+use layout::html_response;
+pub(crate) use request::Viewer;
 
 /// A page of the UI.
 #[derive(Debug, PartialEq, Eq)]
@@ -74,34 +67,6 @@ fn parse(path: &str) -> Option<Page> {
         Some(("tags", tag)) => Page::TagHistory(repo, Tag::parse(tag).ok()?),
         Some(_) => return None,
     })
-}
-
-/// A repository's page, or one of its subpages (`v/<digest>`, `compare`, `tags/<tag>`).
-pub(crate) fn repo_url(repo: &RepoName, sub: &str) -> String {
-    if sub.is_empty() {
-        format!("/ui/r/{repo}")
-    } else {
-        format!("/ui/r/{repo}/-/{sub}")
-    }
-}
-
-impl AppState {
-    /// Whether `viewer` may see `repo`: whether its pulls would be allowed.
-    pub(crate) fn ui_may_pull(&self, viewer: &Viewer, repo: &str) -> bool {
-        match &self.entrance.auth {
-            None => true,
-            Some(auth) => auth.allows(viewer.subject.as_deref(), repo, Action::Pull),
-        }
-    }
-
-    /// Whether `viewer` may see registry-wide figures (storage, every job): only someone who may
-    /// pull from every repository, since counts over all of them say something of each.
-    pub(crate) fn ui_sees_everything(&self, viewer: &Viewer) -> bool {
-        match &self.entrance.auth {
-            None => true,
-            Some(auth) => auth.allows(viewer.subject.as_deref(), "*", Action::Pull),
-        }
-    }
 }
 
 /// `GET /`: to the UI.
@@ -195,44 +160,9 @@ fn error_page(viewer: &Viewer, status: StatusCode, message: &str) -> Response {
     html_response(status, markup)
 }
 
-/// A page as a response: HTML, never cached (what it shows depends on who asks).
-fn html_response(status: StatusCode, markup: Markup) -> Response {
-    let mut r = (status, markup.into_string()).into_response();
-    crate::http::set_header(&mut r, "content-type", "text/html; charset=utf-8");
-    crate::http::set_header(&mut r, "cache-control", "no-store");
-    r
-}
-
-/// The repository, if `viewer` may see it; otherwise the same answer as for one that does not
-/// exist.
-fn visible(state: &AppState, viewer: &Viewer, repo: &RepoName) -> Result<(), ApiError> {
-    if state.ui_may_pull(viewer, repo.as_str()) {
-        Ok(())
-    } else {
-        Err(ApiError::not_found(
-            crate::error::ErrorCode::NameUnknown,
-            "not visible",
-        ))
-    }
-}
-
-/// A query parameter, decoded.
-fn query_param(query: &str, key: &str) -> Option<String> {
-    form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.into_owned())
-}
-
-/// `?page=N`, from 0.
-fn page_number(query: &str) -> usize {
-    query_param(query, "page")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0)
-        .min(1_000_000)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::layout::repo_url;
     use super::*;
 
     #[test]

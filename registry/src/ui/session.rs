@@ -6,7 +6,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::html;
 
-use super::{html_response, layout, Viewer};
+use super::layout::{self, html_response};
+use super::request::Viewer;
 use crate::front::ClientAddr;
 use crate::state::AppState;
 

@@ -9,8 +9,8 @@ use vial_core::volume::{EntryKind, Tree, VOLUME_ARTIFACT_TYPE};
 use vial_core::{Digest, RepoName};
 
 use super::data::{self, Opened};
-use super::layout::{self, bytes, copyable, short, time};
-use super::{query_param, repo_url, visible, Viewer};
+use super::layout::{self, bytes, copyable, repo_url, short, time};
+use super::request::{query_param, visible, Viewer};
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 

@@ -29,10 +29,13 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use vial_core::Digest;
 
+mod bucket;
 mod multipart;
 mod packs;
 mod requests;
 
+pub(crate) use bucket::is_transient;
+use bucket::{body_stream, is_not_found, s3_error, Bucket};
 use multipart::Multipart;
 
 use super::{BlobStore, ByteRange, ByteStream, PackId, StorageError, VerifyFuture};
@@ -44,8 +47,6 @@ const MIN_PART: u64 = 5 * 1024 * 1024;
 const MAX_PART: u64 = 5 * 1024 * 1024 * 1024;
 /// The first part size of a streamed chunk object.
 const BASE_PART: u64 = 16 * 1024 * 1024;
-/// S3's part-count limit.
-const MAX_PARTS: i32 = 10_000;
 /// Small chunk objects are gathered into parts of this size when a session is assembled.
 const GATHER_PART: usize = 16 * 1024 * 1024;
 
@@ -58,8 +59,7 @@ pub(crate) fn part_size(n: u64) -> u64 {
 
 #[derive(Clone)]
 pub struct S3BlobStore {
-    client: Client,
-    bucket: String,
+    s3: Bucket,
     /// Empty, or ends with `/`.
     prefix: String,
     /// Set once the store has said it cannot list multipart uploads, so the janitor stops asking.
@@ -71,7 +71,7 @@ pub struct S3BlobStore {
 impl std::fmt::Debug for S3BlobStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("S3BlobStore")
-            .field("bucket", &self.bucket)
+            .field("bucket", &self.s3.name)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
@@ -152,8 +152,10 @@ impl S3BlobStore {
             prefix.push('/');
         }
         Ok(S3BlobStore {
-            client,
-            bucket: location.bucket.clone(),
+            s3: Bucket {
+                client,
+                name: location.bucket.clone(),
+            },
             prefix,
             cannot_list_uploads: Arc::new(AtomicBool::new(false)),
             requests,
@@ -206,9 +208,10 @@ impl S3BlobStore {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
         let mut out = Vec::new();
         let mut pages = self
+            .s3
             .client
             .list_objects_v2()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .prefix(prefix)
             .into_paginator()
             .send();
@@ -224,9 +227,10 @@ impl S3BlobStore {
     }
 
     async fn put_object(&self, key: &str, body: Bytes) -> Result<(), StorageError> {
-        self.client
+        self.s3
+            .client
             .put_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(key)
             .body(S3Body::from(body))
             .send()
@@ -249,9 +253,10 @@ impl S3BlobStore {
                 .map_err(|e| StorageError::Corrupt(e.to_string()))?;
             let first = batch.first().map(String::as_str).unwrap_or("");
             let out = self
+                .s3
                 .client
                 .delete_objects()
-                .bucket(&self.bucket)
+                .bucket(&self.s3.name)
                 .delete(delete)
                 .send()
                 .await
@@ -270,9 +275,10 @@ impl S3BlobStore {
 
     async fn head(&self, key: &str) -> Result<Option<u64>, StorageError> {
         match self
+            .s3
             .client
             .head_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(key)
             .send()
             .await
@@ -330,18 +336,18 @@ impl S3BlobStore {
                             .map(|()| true);
                     }
                     if upload.is_none() {
-                        upload = Some(Multipart::create(self, key).await?);
+                        upload = Some(Multipart::create(&self.s3, key).await?);
                     }
                     if let Some(m) = upload.as_mut() {
                         while buf.len() as u64 >= part_len || (ended && !buf.is_empty()) {
                             let take = (part_len as usize).min(buf.len());
-                            m.upload(self, buf.split_to(take).freeze()).await?;
+                            m.upload(&self.s3, buf.split_to(take).freeze()).await?;
                         }
                         if ended {
                             if !verified().await {
                                 return Ok(false);
                             }
-                            return m.complete(self).await.map(|()| true);
+                            return m.complete(&self.s3).await.map(|()| true);
                         }
                     }
                 }
@@ -352,13 +358,13 @@ impl S3BlobStore {
             Ok(true) => Ok(Some(total)),
             Ok(false) => {
                 if let Some(m) = upload {
-                    m.abort(self).await;
+                    m.abort(&self.s3).await;
                 }
                 Ok(None)
             }
             Err(e) => {
                 if let Some(m) = upload {
-                    m.abort(self).await;
+                    m.abort(&self.s3).await;
                 }
                 Err(e)
             }
@@ -368,7 +374,7 @@ impl S3BlobStore {
     /// Writes the concatenation of `parts` to `key` without passing large chunks through the
     /// registry: whole 5 MiB+ ranges are copied by the server, small chunks are gathered here.
     async fn assemble(&self, key: &str, parts: &[ChunkObject]) -> Result<(), StorageError> {
-        let mut m = Multipart::create(self, key).await?;
+        let mut m = Multipart::create(&self.s3, key).await?;
         let result: Result<(), StorageError> = async {
             let mut gathered = BytesMut::new();
             for part in parts {
@@ -380,7 +386,7 @@ impl S3BlobStore {
                     gathered.extend_from_slice(&self.get_range(&part.key, 0, take).await?);
                     pos = take;
                     if gathered.len() >= GATHER_PART {
-                        m.upload(self, gathered.split().freeze()).await?;
+                        m.upload(&self.s3, gathered.split().freeze()).await?;
                     }
                 }
                 while pos < part.size {
@@ -389,19 +395,19 @@ impl S3BlobStore {
                         gathered
                             .extend_from_slice(&self.get_range(&part.key, pos, pos + len).await?);
                     } else {
-                        m.copy(self, &part.key, pos, pos + len).await?;
+                        m.copy(&self.s3, &part.key, pos, pos + len).await?;
                     }
                     pos += len;
                 }
             }
             if !gathered.is_empty() {
-                m.upload(self, gathered.split().freeze()).await?;
+                m.upload(&self.s3, gathered.split().freeze()).await?;
             }
-            m.complete(self).await
+            m.complete(&self.s3).await
         }
         .await;
         if result.is_err() {
-            m.abort(self).await;
+            m.abort(&self.s3).await;
         }
         result
     }
@@ -411,9 +417,10 @@ impl S3BlobStore {
             return Ok(Bytes::new());
         }
         let out = self
+            .s3
             .client
             .get_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(key)
             .range(format!("bytes={start}-{}", end - 1))
             .send()
@@ -436,59 +443,6 @@ struct ChunkObject {
     size: u64,
 }
 
-fn is_not_found<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> bool {
-    match e {
-        SdkError::ServiceError(s) => {
-            matches!(
-                s.err().code(),
-                Some("NoSuchKey" | "NotFound" | "NoSuchUpload")
-            )
-        }
-        _ => false,
-    }
-}
-
-/// Whether another try may succeed: the server was unreachable, timed out, or said it is busy.
-pub(crate) fn is_transient<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> bool {
-    match e {
-        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_) => {
-            true
-        }
-        SdkError::ServiceError(s) => matches!(
-            s.err().code(),
-            Some("SlowDown" | "ServiceUnavailable" | "InternalError" | "RequestTimeout")
-        ),
-        _ => false,
-    }
-}
-
-/// Turns an SDK error into a storage error that says which call on which key failed and whether the
-/// server was simply unreachable (a 503 for the client) or refused the request.
-fn s3_error<E, R>(op: &'static str, key: &str, e: SdkError<E, R>) -> StorageError
-where
-    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    let unavailable = is_transient(&e);
-    StorageError::S3 {
-        op,
-        key: key.to_owned(),
-        message: DisplayErrorContext(&e).to_string(),
-        unavailable,
-    }
-}
-
-/// An object's body as the registry's byte stream.
-fn body_stream(body: S3Body) -> ByteStream {
-    Box::pin(futures_util::stream::unfold(body, |mut body| async move {
-        match body.next().await {
-            Some(Ok(bytes)) => Some((Ok(bytes), body)),
-            Some(Err(e)) => Some((Err(std::io::Error::other(e)), body)),
-            None => None,
-        }
-    }))
-}
-
 #[async_trait]
 impl BlobStore for S3BlobStore {
     async fn stat(&self, digest: &Digest) -> Result<Option<u64>, StorageError> {
@@ -501,7 +455,7 @@ impl BlobStore for S3BlobStore {
         range: Option<ByteRange>,
     ) -> Result<Option<ByteStream>, StorageError> {
         let key = self.blob_key(digest);
-        let mut req = self.client.get_object().bucket(&self.bucket).key(&key);
+        let mut req = self.s3.client.get_object().bucket(&self.s3.name).key(&key);
         if let Some(r) = range {
             if r.is_empty() {
                 return Ok(Some(Box::pin(futures_util::stream::empty())));
@@ -521,9 +475,10 @@ impl BlobStore for S3BlobStore {
         if self.head(&key).await?.is_none() {
             return Ok(false);
         }
-        self.client
+        self.s3
+            .client
             .delete_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(&key)
             .send()
             .await
@@ -552,9 +507,10 @@ impl BlobStore for S3BlobStore {
         let raw = hex::decode(digest.hex())
             .map_err(|_| StorageError::Corrupt(format!("digest {digest} is not hex")))?;
         use base64::Engine;
-        self.client
+        self.s3
+            .client
             .put_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(&key)
             .checksum_sha256(base64::engine::general_purpose::STANDARD.encode(raw))
             .body(S3Body::from(bytes))
@@ -624,9 +580,10 @@ impl BlobStore for S3BlobStore {
                 let store = store.clone();
                 async move {
                     match store
+                        .s3
                         .client
                         .get_object()
-                        .bucket(&store.bucket)
+                        .bucket(&store.s3.name)
                         .key(&part.key)
                         .send()
                         .await
@@ -652,11 +609,12 @@ impl BlobStore for S3BlobStore {
             match parts.as_slice() {
                 [] => self.put_object(&key, Bytes::new()).await?,
                 [one] if one.size <= MAX_PART => {
-                    self.client
+                    self.s3
+                        .client
                         .copy_object()
-                        .bucket(&self.bucket)
+                        .bucket(&self.s3.name)
                         .key(&key)
-                        .copy_source(format!("{}/{}", self.bucket, one.key))
+                        .copy_source(format!("{}/{}", self.s3.name, one.key))
                         .send()
                         .await
                         .map_err(|e| s3_error("CopyObject", &key, e))?;
@@ -724,9 +682,10 @@ impl BlobStore for S3BlobStore {
         }
         let prefix = format!("{}uploads/", self.prefix);
         let out = match self
+            .s3
             .client
             .list_multipart_uploads()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .prefix(&prefix)
             .send()
             .await
@@ -737,7 +696,7 @@ impl BlobStore for S3BlobStore {
                 // rules (AbortIncompleteMultipartUpload) are the way to clean up there.
                 self.cannot_list_uploads.store(true, Ordering::Relaxed);
                 tracing::warn!(
-                    bucket = %self.bucket,
+                    bucket = %self.s3.name,
                     "the object store cannot list multipart uploads; abandoned ones are left to the bucket's lifecycle rules"
                 );
                 return Ok(0);
@@ -761,7 +720,7 @@ impl BlobStore for S3BlobStore {
                 parts: Vec::new(),
                 in_flight: None,
             }
-            .abort(self)
+            .abort(&self.s3)
             .await;
             tracing::info!(key, "aborted abandoned multipart upload");
             aborted += 1;
@@ -774,12 +733,13 @@ impl BlobStore for S3BlobStore {
     }
 
     async fn ping(&self) -> Result<(), StorageError> {
-        self.client
+        self.s3
+            .client
             .head_bucket()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .send()
             .await
-            .map_err(|e| s3_error("HeadBucket", &self.bucket, e))?;
+            .map_err(|e| s3_error("HeadBucket", &self.s3.name, e))?;
         Ok(())
     }
 
@@ -796,9 +756,10 @@ impl BlobStore for S3BlobStore {
             unavailable: false,
         })?;
         let request = self
+            .s3
             .client
             .get_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(&key)
             .presigned(config)
             .await
@@ -813,11 +774,12 @@ mod tests {
 
     #[test]
     fn streamed_parts_reach_a_tebibyte_within_the_part_limit() {
-        let total: u64 = (0..MAX_PARTS as u64).map(part_size).sum();
+        let total: u64 = (0..multipart::MAX_PARTS as u64).map(part_size).sum();
         assert!(total >= 1 << 40, "10,000 parts hold only {total} bytes");
         // The part buffer stays small for ordinary blobs, and within S3's limits always.
         assert_eq!(part_size(0), 16 << 20);
-        assert!((0..MAX_PARTS as u64).all(|n| part_size(n) >= MIN_PART && part_size(n) <= MAX_PART));
+        assert!((0..multipart::MAX_PARTS as u64)
+            .all(|n| part_size(n) >= MIN_PART && part_size(n) <= MAX_PART));
         let mut sum = 0;
         let mut n = 0;
         while sum < 1 << 40 {

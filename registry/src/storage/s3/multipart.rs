@@ -5,11 +5,14 @@ use aws_sdk_s3::primitives::ByteStream as S3Body;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
 
-use super::{s3_error, S3BlobStore, MAX_PARTS};
+use super::bucket::{s3_error, Bucket};
 use crate::storage::StorageError;
 
 /// One multipart upload in progress. One part at a time is in flight, sent while the caller
 /// gathers the next one, so receiving and sending overlap.
+/// S3's part-count limit.
+pub(super) const MAX_PARTS: i32 = 10_000;
+
 pub(super) struct Multipart {
     pub(super) key: String,
     pub(super) upload_id: String,
@@ -18,11 +21,11 @@ pub(super) struct Multipart {
 }
 
 impl Multipart {
-    pub(super) async fn create(store: &S3BlobStore, key: &str) -> Result<Self, StorageError> {
-        let out = store
+    pub(super) async fn create(s3: &Bucket, key: &str) -> Result<Self, StorageError> {
+        let out = s3
             .client
             .create_multipart_upload()
-            .bucket(&store.bucket)
+            .bucket(&s3.name)
             .key(key)
             .send()
             .await
@@ -69,17 +72,13 @@ impl Multipart {
     }
 
     /// Sends `body` as the next part, once the previous part is done.
-    pub(super) async fn upload(
-        &mut self,
-        store: &S3BlobStore,
-        body: Bytes,
-    ) -> Result<(), StorageError> {
+    pub(super) async fn upload(&mut self, s3: &Bucket, body: Bytes) -> Result<(), StorageError> {
         self.settle().await?;
         let n = self.next_number()?;
-        let request = store
+        let request = s3
             .client
             .upload_part()
-            .bucket(&store.bucket)
+            .bucket(&s3.name)
             .key(&self.key)
             .upload_id(&self.upload_id)
             .part_number(n)
@@ -100,21 +99,21 @@ impl Multipart {
 
     pub(super) async fn copy(
         &mut self,
-        store: &S3BlobStore,
+        s3: &Bucket,
         source_key: &str,
         start: u64,
         end: u64,
     ) -> Result<(), StorageError> {
         self.settle().await?;
         let n = self.next_number()?;
-        let out = store
+        let out = s3
             .client
             .upload_part_copy()
-            .bucket(&store.bucket)
+            .bucket(&s3.name)
             .key(&self.key)
             .upload_id(&self.upload_id)
             .part_number(n)
-            .copy_source(format!("{}/{source_key}", store.bucket))
+            .copy_source(format!("{}/{source_key}", s3.name))
             .copy_source_range(format!("bytes={start}-{}", end - 1))
             .send()
             .await
@@ -132,12 +131,11 @@ impl Multipart {
         Ok(())
     }
 
-    pub(super) async fn complete(&mut self, store: &S3BlobStore) -> Result<(), StorageError> {
+    pub(super) async fn complete(&mut self, s3: &Bucket) -> Result<(), StorageError> {
         self.settle().await?;
-        store
-            .client
+        s3.client
             .complete_multipart_upload()
-            .bucket(&store.bucket)
+            .bucket(&s3.name)
             .key(&self.key)
             .upload_id(&self.upload_id)
             .multipart_upload(
@@ -152,14 +150,14 @@ impl Multipart {
     }
 
     /// Best effort: an upload left behind is removed later by [`BlobStore::sweep`].
-    pub(super) async fn abort(self, store: &S3BlobStore) {
+    pub(super) async fn abort(self, s3: &Bucket) {
         if let Some(task) = &self.in_flight {
             task.abort();
         }
-        if let Err(e) = store
+        if let Err(e) = s3
             .client
             .abort_multipart_upload()
-            .bucket(&store.bucket)
+            .bucket(&s3.name)
             .key(&self.key)
             .upload_id(&self.upload_id)
             .send()

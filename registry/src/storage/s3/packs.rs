@@ -5,7 +5,8 @@ use aws_sdk_s3::primitives::ByteStream as S3Body;
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use super::{body_stream, is_not_found, s3_error, S3BlobStore};
+use super::bucket::{body_stream, is_not_found, s3_error};
+use super::S3BlobStore;
 use crate::storage::{ByteRange, ByteStream, PackId, StorageError, VerifyFuture};
 
 /// Body frames queued between the request and the PutObject that streams them on.
@@ -46,9 +47,10 @@ impl S3BlobStore {
         // The bytes are verified chunk by chunk as they pass (the pack is committed only if every
         // chunk matched), so no payload hash is computed for signing.
         let put = self
+            .s3
             .client
             .put_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(&key)
             .content_length(len as i64)
             .body(S3Body::from_body_1_x(stream))
@@ -76,9 +78,10 @@ impl S3BlobStore {
         }
         let key = self.pack_key(id);
         let out = self
+            .s3
             .client
             .get_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(&key)
             .range(format!("bytes={}-{}", range.start, range.end - 1))
             .send()
@@ -95,9 +98,10 @@ impl S3BlobStore {
         if self.head(&key).await?.is_none() {
             return Ok(false);
         }
-        self.client
+        self.s3
+            .client
             .delete_object()
-            .bucket(&self.bucket)
+            .bucket(&self.s3.name)
             .key(&key)
             .send()
             .await

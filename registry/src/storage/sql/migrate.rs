@@ -3,7 +3,7 @@
 
 use sqlx::AnyPool;
 
-use super::Dialect;
+use super::dialect::Dialect;
 use crate::storage::{now_millis, StorageError};
 
 /// The schema, in order, per dialect. A database records which of these it has applied.
