@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
-use vial_client::{Arrived, ClientError, Registry, RunSize};
+use vial_client::{Arrived, ClientError, Registry, RunSize, Verified};
 use vial_core::{Digest, RepoName};
 use vial_io::BufferPool;
 
@@ -307,11 +307,12 @@ impl Fetcher {
     /// at once and starts its cache write (write-behind, bounded by [`PENDING_KIB`]).
     async fn accept(&self, arrived: Arrived) -> Result<(), FetchError> {
         let (digest, len) = (arrived.digest().clone(), arrived.size());
-        let buffers = self.buffers.clone();
         let d = digest.clone();
+        // The run gathered the chunk into one aligned buffer: it is handed over without a copy.
         let check = move || {
             arrived
-                .verify_contiguous(&buffers)
+                .verify()
+                .map(Verified::into_bytes)
                 .map_err(|e| FetchError::reading(&d, e))
         };
         let bytes = if len < HASH_INLINE as u64 {

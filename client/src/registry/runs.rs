@@ -5,8 +5,8 @@
 //! [`Registry::read_run`]: one bulk read where the registry has vial's extension (docs/format.md
 //! "Packs"), a blob request per chunk where it has not, and a plain blob GET for a run of one. The
 //! run hands back each chunk as it completes, as the frames it arrived in (no copy). Its bytes are
-//! reachable only by verifying it against its digest and size ([`Arrived::verify`],
-//! [`Arrived::verify_contiguous`]), on whichever thread the caller chooses to hash on.
+//! reachable only by verifying it against its digest and size ([`Arrived::verify`]), on
+//! whichever thread the caller chooses to hash on.
 
 use std::sync::Arc;
 
@@ -146,27 +146,6 @@ impl Arrived {
             frames: self.frames,
         })
     }
-
-    /// Verifies the chunk and hands it back as one buffer: the frame itself when it arrived in
-    /// one, else its frames copied into a page-aligned buffer from `buffers` and hashed there
-    /// (hashing is faster on aligned memory, and the node cache writes it with O_DIRECT without
-    /// copying it again).
-    pub fn verify_contiguous(self, buffers: &BufferPool) -> Result<Bytes, ClientError> {
-        if self.frames.len() <= 1 {
-            let verified = self.verify()?;
-            return Ok(verified.frames.into_iter().next().unwrap_or_default());
-        }
-        self.check_size()?;
-        let size = self.size as usize;
-        let mut buf = buffers.take(size);
-        let mut at = 0;
-        for f in &self.frames {
-            buf.bytes_mut()[at..at + f.len()].copy_from_slice(f);
-            at += f.len();
-        }
-        self.check_digest(self.digest.algorithm().digest_bytes(&buf.bytes()[..size]))?;
-        Ok(buffers.freeze(buf, 0..size))
-    }
 }
 
 impl Verified {
@@ -293,21 +272,13 @@ impl ChunkRun {
     }
 
     /// Copies each chunk, as its bytes arrive, into one page-aligned buffer from `buffers`, so that
-    /// [`Arrived::verify_contiguous`] hashes it there without copying it again. For a reader that
+    /// [`Arrived::verify`] hashes it there and [`Verified::into_bytes`] hands it over without
+    /// copying it again. For a reader that
     /// keeps chunks whole (the mount's memory and node cache): the frames a response arrives in
     /// are let go at once, where gathering them later would hold both copies.
     pub fn gather_into(mut self, buffers: BufferPool) -> ChunkRun {
         self.gather = Some((buffers, vial_io::Aligned::default()));
         self
-    }
-
-    /// How many chunks the run asked for.
-    pub fn len(&self) -> usize {
-        self.chunks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
     }
 
     /// The chunk the run is waiting for, if any.
@@ -479,8 +450,7 @@ mod tests {
         );
         assert!(r.next().await.unwrap().unwrap().verify().is_ok());
         let bad = r.next().await.unwrap().unwrap();
-        let pool = BufferPool::new(1);
-        match bad.verify_contiguous(&pool) {
+        match bad.verify() {
             Err(ClientError::DigestMismatch { .. }) => {}
             other => panic!("a corrupt chunk was accepted: {other:?}"),
         }
@@ -495,21 +465,17 @@ mod tests {
         for want in chunks {
             let arrived = r.next().await.unwrap().unwrap();
             assert!(arrived.frames.len() <= 1, "{} frames", arrived.frames.len());
-            assert_eq!(&arrived.verify_contiguous(&pool).unwrap()[..], want);
+            assert_eq!(&arrived.verify().unwrap().into_bytes()[..], want);
         }
         assert!(r.next().await.is_none());
     }
 
     #[tokio::test]
-    async fn contiguous_verification_joins_frames_and_checks_the_size() {
-        let pool = BufferPool::new(1);
+    async fn verification_joins_frames_and_checks_the_size() {
         let mut r = run(&[b"hello world"], vec![b"hello", b" wor", b"ld"]);
         let arrived = r.next().await.unwrap().unwrap();
         assert_eq!(arrived.frames.len(), 3);
-        assert_eq!(
-            &arrived.verify_contiguous(&pool).unwrap()[..],
-            b"hello world"
-        );
+        assert_eq!(&arrived.verify().unwrap().into_bytes()[..], b"hello world");
         let wrong = Arrived {
             index: 0,
             digest: chunk(b"hello").0,
@@ -517,7 +483,7 @@ mod tests {
             frames: vec![Bytes::from_static(b"hell")],
         };
         assert!(matches!(
-            wrong.verify_contiguous(&pool),
+            wrong.verify().map(|_| ()),
             Err(ClientError::WrongSize {
                 expected: 5,
                 actual: 4,
