@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::service::Service;
+use crate::storage::TagMeta;
 use crate::{auth, front, watch};
 
 /// What the entrance keeps for every router: the configuration, authentication, the upload cap
@@ -57,7 +58,10 @@ impl Deref for AppState {
 impl AppState {
     /// The tag watch hub, started on first use (inside the runtime).
     pub(crate) fn tag_watch(&self) -> &Arc<watch::TagWatch> {
-        self.tag_watch
-            .get_or_init(|| watch::TagWatch::start(Arc::clone(&self.service.meta)))
+        self.tag_watch.get_or_init(|| {
+            // The hub reads tags only: it is handed that facade of the store.
+            let tags: Arc<dyn TagMeta> = self.service.meta.clone();
+            watch::TagWatch::start(tags)
+        })
     }
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, watch};
 use vial_core::{Digest, RepoName, Tag};
 
-use crate::storage::{MetadataStore, StorageError, TagMoved};
+use crate::storage::{StorageError, TagMeta, TagMoved};
 
 /// Where a tag points: `None` when it does not exist.
 pub(crate) type TagState = Option<Digest>;
@@ -21,9 +21,9 @@ pub(crate) type TagState = Option<Digest>;
 type Key = (RepoName, String);
 
 /// The watched tags of this process.
-#[derive(Debug)]
 pub(crate) struct TagWatch {
-    meta: Arc<dyn MetadataStore>,
+    /// The one part of the metadata store it reads: tags.
+    meta: Arc<dyn TagMeta>,
     watched: Mutex<HashMap<Key, watch::Sender<TagState>>>,
     /// Set at shutdown: waiting requests answer at once, so the server can stop.
     closing: watch::Sender<bool>,
@@ -33,9 +33,18 @@ pub(crate) struct TagWatch {
     answered: AtomicU64,
 }
 
+impl std::fmt::Debug for TagWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TagWatch")
+            .field("reads", &self.reads)
+            .field("answered", &self.answered)
+            .finish_non_exhaustive()
+    }
+}
+
 impl TagWatch {
     /// Starts hearing tag moves. Call inside the runtime.
-    pub(crate) fn start(meta: Arc<dyn MetadataStore>) -> Arc<TagWatch> {
+    pub(crate) fn start(meta: Arc<dyn TagMeta>) -> Arc<TagWatch> {
         let moves = meta.tag_moves();
         let hub = Arc::new(TagWatch {
             meta,
