@@ -26,14 +26,14 @@ fn small_files(root: &Path, posix: bool) {
         std::fs::create_dir_all(&dir).unwrap();
         for f in 0..PER_DIR {
             let i = d * PER_DIR + f;
-            let len = if i % 97 == 0 {
+            let len = if i.is_multiple_of(97) {
                 0
             } else {
                 (i * 7919) % 4096 + 1
             };
             let path = dir.join(format!("f{f:03}.bin"));
             std::fs::write(&path, pseudo_random(len, i as u64 + 1)).unwrap();
-            if posix && i % 50 == 0 {
+            if posix && i.is_multiple_of(50) {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
             }
         }

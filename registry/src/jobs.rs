@@ -38,7 +38,7 @@ pub async fn run(service: Arc<Service>, mut stop: watch::Receiver<bool>) {
             break;
         };
         let job = match service
-            .meta
+            .job_rows()
             .claim_job(service.config.job_lease.as_millis() as i64)
             .await
         {
@@ -82,7 +82,7 @@ async fn run_one(service: &Arc<Service>, job: Job, stop: &mut watch::Receiver<bo
             loop {
                 tokio::time::sleep(service.config.job_lease / 3).await;
                 match service
-                    .meta
+                    .job_rows()
                     .renew_job(
                         &job.id,
                         job.attempts,
@@ -123,7 +123,7 @@ async fn run_one(service: &Arc<Service>, job: Job, stop: &mut watch::Receiver<bo
         }
     }
     let recorded = service
-        .meta
+        .job_rows()
         .finish_job(&job.id, job.attempts, &outcome)
         .await;
     service.jobs.finished.notify_waiters();

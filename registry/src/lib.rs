@@ -246,7 +246,7 @@ pub enum ServeError {
 }
 
 async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
-    let uploads = state.meta.count_uploads().await.ok();
+    let uploads = state.upload_rows().count_uploads().await.ok();
     let mut text = state.metrics.render(uploads);
     let metadata = match state.config.metadata {
         MetadataBackend::Sqlite { .. } => "sqlite",
@@ -304,7 +304,7 @@ async fn cache_root(State(state): State<Arc<CacheState>>) -> String {
 /// Ready when both stores answer: a load balancer stops sending requests to a replica that has lost
 /// either.
 async fn ready_handler(State(state): State<Arc<AppState>>) -> Response {
-    let (meta, blobs) = tokio::join!(state.meta.ping(), state.blobs.ping());
+    let (meta, blobs) = state.service.ping().await;
     let mut problems = Vec::new();
     if let Err(e) = meta {
         tracing::warn!(error = %vial_core::error_chain(&e), "readiness: metadata store unreachable");

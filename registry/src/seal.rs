@@ -90,7 +90,7 @@ pub async fn seal(
     subject: &Digest,
 ) -> Result<Digest, SealError> {
     let stored = service
-        .meta
+        .manifests()
         .get_manifest(repo, &Target::Digest(subject.clone()))
         .await?
         .ok_or_else(|| {
@@ -144,7 +144,10 @@ pub async fn seal(
     let layout = build_layout_for(&tree, Some(subject_descriptor));
 
     // Range chunks first: the volume's manifests name them.
-    service.meta.commit_range_chunks(repo, &ranges).await?;
+    service
+        .blob_rows()
+        .commit_range_chunks(repo, &ranges)
+        .await?;
     commit_layout(service, repo, &layout, &Publish::default())
         .await
         .map_err(|e| match e {
@@ -173,7 +176,7 @@ async fn store_chunks(
 ) -> Result<(), StorageError> {
     while let Some((chunk, bytes)) = rx.recv().await {
         let known = service
-            .meta
+            .blob_rows()
             .link_present_blobs(
                 &repo,
                 std::slice::from_ref(&chunk.digest),
@@ -236,7 +239,7 @@ async fn read_layer(
 ) -> Result<LayerFiles, SealError> {
     let digest = layer.digest.clone();
     let location = service
-        .meta
+        .blob_rows()
         .blob_location(repo, &digest)
         .await?
         .ok_or_else(|| SealError::NotSealable(format!("layer {digest} is not in {repo}")))?;
@@ -310,7 +313,7 @@ async fn read_layer(
     match serde_json::to_string(&files) {
         Ok(json) => {
             service
-                .meta
+                .seal_cache()
                 .record_sealed_layer(&layer_digest, &reading, &json)
                 .await?
         }
@@ -331,7 +334,7 @@ async fn reuse_layer(
     path: &str,
     packing: Packing,
 ) -> Result<Option<LayerFiles>, SealError> {
-    let Some(json) = service.meta.sealed_layer(layer, reading).await? else {
+    let Some(json) = service.seal_cache().sealed_layer(layer, reading).await? else {
         return Ok(None);
     };
     let Ok(mut files) = serde_json::from_str::<LayerFiles>(&json) else {
@@ -359,7 +362,7 @@ async fn reuse_layer(
         stored.dedup();
         for batch in stored.chunks(4096) {
             let present = service
-                .meta
+                .blob_rows()
                 .link_present_blobs(repo, batch, Presence::LinkAcross)
                 .await?;
             if present.len() != batch.len() {

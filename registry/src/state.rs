@@ -9,7 +9,6 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::service::Service;
-use crate::storage::TagMeta;
 use crate::{auth, front, watch};
 
 /// What the entrance keeps for every router: the configuration, authentication, the upload cap
@@ -37,7 +36,7 @@ impl Entrance {
     }
 }
 
-/// Shared state of the API's handlers. It reads as the [`Service`] it holds (`state.meta`,
+/// Shared state of the API's handlers. It reads as the [`Service`] it holds (`state.tags()`,
 /// `state.config`), plus the fields below.
 #[derive(Debug)]
 pub struct AppState {
@@ -60,8 +59,7 @@ impl AppState {
     pub(crate) fn tag_watch(&self) -> &Arc<watch::TagWatch> {
         self.tag_watch.get_or_init(|| {
             // The hub reads tags only: it is handed that facade of the store.
-            let tags: Arc<dyn TagMeta> = self.service.meta.clone();
-            watch::TagWatch::start(tags)
+            watch::TagWatch::start(self.service.tag_feed())
         })
     }
 }

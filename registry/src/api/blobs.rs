@@ -23,7 +23,7 @@ pub(super) async fn get(
     req: &Request,
 ) -> Result<Response, ApiError> {
     let location = state
-        .meta
+        .blob_rows()
         .blob_location(repo, digest)
         .await?
         .ok_or_else(|| ApiError::blob_unknown(digest))?;
@@ -84,7 +84,7 @@ pub(super) async fn delete(
     repo: &RepoName,
     digest: &Digest,
 ) -> Result<Response, ApiError> {
-    if state.meta.unlink_blob(repo, digest).await? {
+    if state.blob_rows().unlink_blob(repo, digest).await? {
         tracing::info!(%repo, %digest, "blob unlinked from repository");
         Ok(StatusCode::ACCEPTED.into_response())
     } else {

@@ -41,7 +41,7 @@ pub(super) async fn tags(
 ) -> Result<Response, ApiError> {
     let n = page_size(req)?;
     let page = state
-        .meta
+        .tags()
         .list_tags(repo, req.query.get("last"), n)
         .await?
         .ok_or_else(|| {
@@ -73,7 +73,7 @@ pub(super) async fn tags(
 pub(super) async fn catalog(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     let n = page_size(req)?;
     let page = state
-        .meta
+        .manifests()
         .list_repositories(req.query.get("last"), n)
         .await?;
     #[derive(Serialize)]
@@ -101,7 +101,10 @@ pub(super) async fn referrers(
     req: &Request,
 ) -> Result<Response, ApiError> {
     let artifact_type = req.query.get("artifactType");
-    let manifests = state.meta.referrers(repo, subject, artifact_type).await?;
+    let manifests = state
+        .manifests()
+        .referrers(repo, subject, artifact_type)
+        .await?;
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Index<'a> {

@@ -21,7 +21,7 @@ pub(super) async fn get(
     target: &Target,
     req: &Request,
 ) -> Result<Response, ApiError> {
-    let Some(manifest) = state.meta.get_manifest(repo, target).await? else {
+    let Some(manifest) = state.manifests().get_manifest(repo, target).await? else {
         return Err(match target {
             Target::Digest(d) => deleted_or_unknown(state, repo, d).await?,
             Target::Tag(tag) => tag_gone_or_unknown(state, repo, tag).await?,
@@ -136,7 +136,7 @@ pub(super) async fn put(
         tags_expire_at,
     };
     state
-        .meta
+        .manifests()
         .commit_manifest(repo, &record, &tags, &precondition)
         .await?;
     tracing::info!(%repo, %digest, tags = ?tags.iter().map(Tag::as_str).collect::<Vec<_>>(), "manifest committed");
@@ -174,7 +174,7 @@ pub(super) async fn delete(
     let existed = match target {
         Target::Digest(d) => {
             // Deleting a version removes its tags: not if one of them may never move.
-            for tag in state.meta.manifest_tags(repo, d).await? {
+            for tag in state.tags().manifest_tags(repo, d).await? {
                 if state
                     .config
                     .tag_rules_for(repo.as_str(), &tag)
@@ -185,7 +185,7 @@ pub(super) async fn delete(
                     )));
                 }
             }
-            state.meta.delete_manifest(repo, d, by).await?
+            state.manifests().delete_manifest(repo, d, by).await?
         }
         Target::Tag(t) => {
             // Removing a tag is moving it to nowhere: the same rules apply.
@@ -201,7 +201,7 @@ pub(super) async fn delete(
                 ));
             }
             check_users(state, repo, t, by)?;
-            state.meta.delete_tag(repo, t, by).await?
+            state.tags().delete_tag(repo, t, by).await?
         }
     };
     if !existed {
@@ -273,7 +273,7 @@ async fn check_tag_rules(
             )));
         }
         if rules.iter().any(|r| r.immutable) {
-            match state.meta.tag_target(repo, &tag).await? {
+            match state.tags().tag_target(repo, &tag).await? {
                 Some(current) if &current == digest => continue,
                 Some(current) => {
                     return Err(denied(format!(
@@ -383,7 +383,7 @@ async fn tag_gone_or_unknown(
 ) -> Result<ApiError, ApiError> {
     let unknown = manifest_unknown(repo, &Target::Tag(tag.clone()));
     let last = state
-        .meta
+        .tags()
         .tag_history(repo, tag)
         .await?
         .and_then(|h| h.into_iter().last());
@@ -428,7 +428,7 @@ async fn restorable(
     repo: &RepoName,
     digest: &vial_core::Digest,
 ) -> Result<Option<Restorable>, ApiError> {
-    let Some((deleted_at, by)) = state.meta.deleted_manifest(repo, digest).await? else {
+    let Some((deleted_at, by)) = state.manifests().deleted_manifest(repo, digest).await? else {
         return Ok(None);
     };
     let until = deleted_at + state.config.retention_for(repo.as_str()).as_millis() as i64;

@@ -325,7 +325,10 @@ pub(super) async fn read(
             format!("ask for 1 to {MAX_PACK_CHUNKS} blobs at once"),
         ));
     }
-    let locations = state.meta.blob_locations(repo, &request.digests).await?;
+    let locations = state
+        .blob_rows()
+        .blob_locations(repo, &request.digests)
+        .await?;
     let missing: Vec<&Digest> = request
         .digests
         .iter()

@@ -95,7 +95,7 @@ pub(super) async fn sync_start(
         )));
     }
     if rules.iter().any(|r| r.immutable) {
-        if let Some(current) = state.meta.tag_target(repo, &tag).await? {
+        if let Some(current) = state.tags().tag_target(repo, &tag).await? {
             return Err(denied(format!(
                 "tag {tag} in {repo} is immutable and points at {current} already"
             )));
@@ -104,7 +104,7 @@ pub(super) async fn sync_start(
     spec.requested_by = subject.map(str::to_owned);
     let spec_json = serde_json::to_string(&spec).unwrap_or_default();
     let job = state
-        .meta
+        .job_rows()
         .create_job(SYNC_JOB, Some(repo), &spec_json)
         .await?;
     tracing::info!(%repo, job = %job.id, source = %spec.source, tag = %spec.tag, by = subject.unwrap_or("anonymous"), "sync queued");
@@ -117,7 +117,10 @@ pub(super) async fn sync_start(
 
 /// `GET /v2/<name>/_vial/sync`: the repository's sync jobs, newest first.
 pub(super) async fn sync_list(state: &AppState, repo: &RepoName) -> Result<Response, ApiError> {
-    let jobs = state.meta.list_jobs(SYNC_JOB, repo, LIST_LIMIT).await?;
+    let jobs = state
+        .job_rows()
+        .list_jobs(SYNC_JOB, repo, LIST_LIMIT)
+        .await?;
     let views: Vec<SyncView<'_>> = jobs.iter().map(view).collect();
     Ok(crate::http::json_listing(
         &serde_json::json!({ "name": repo, "jobs": views }),
@@ -127,7 +130,7 @@ pub(super) async fn sync_list(state: &AppState, repo: &RepoName) -> Result<Respo
 
 async fn find(state: &AppState, repo: &RepoName, id: &str) -> Result<Job, ApiError> {
     state
-        .meta
+        .job_rows()
         .job_by_id(id)
         .await?
         .filter(|j| j.kind == SYNC_JOB && j.repository.as_ref() == Some(repo))
@@ -174,7 +177,11 @@ pub(super) async fn sync_cancel(
         ));
     }
     let reason = format!("cancelled by {}", subject.unwrap_or("an anonymous user"));
-    let job = state.meta.cancel_job(id, &reason).await?.unwrap_or(job);
+    let job = state
+        .job_rows()
+        .cancel_job(id, &reason)
+        .await?
+        .unwrap_or(job);
     tracing::info!(%repo, job = %id, by = subject.unwrap_or("anonymous"), "sync cancelled");
     Ok(json(StatusCode::OK, &view(&job)))
 }

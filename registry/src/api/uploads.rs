@@ -22,7 +22,7 @@ pub(super) async fn start(
     if let Some(mount) = req.query.get("mount") {
         let digest = parse_digest(mount)?;
         if let Some(from) = req.query.get("from").and_then(|f| RepoName::parse(f).ok()) {
-            if let Some(size) = state.meta.mount_blob(&from, repo, &digest).await? {
+            if let Some(size) = state.blob_rows().mount_blob(&from, repo, &digest).await? {
                 tracing::info!(%digest, %from, to = %repo, size, "blob mounted across repositories");
                 return Ok(created_blob(repo, &digest));
             }
@@ -212,7 +212,7 @@ pub(super) async fn patch(
     let size = append(state, id, &mut hash, body, range.map(|r| r.0), declared)
         .await
         .map_err(|e| with_session_headers(e, repo, id))?;
-    state.meta.touch_upload(id).await?;
+    state.upload_rows().touch_upload(id).await?;
     Ok(session_response(StatusCode::ACCEPTED, repo, id, size, None))
 }
 
@@ -333,7 +333,7 @@ async fn session(state: &AppState, repo: &RepoName, id: &str) -> Result<UploadSe
         return Err(ApiError::upload_unknown(id));
     }
     state
-        .meta
+        .upload_rows()
         .get_upload(repo, id)
         .await?
         .ok_or_else(|| ApiError::upload_unknown(id))

@@ -62,7 +62,7 @@ pub(super) async fn blobs_present(
         ));
     }
     let present = state
-        .meta
+        .blob_rows()
         .link_present_blobs(repo, &request.digests, presence)
         .await?;
     Ok(crate::http::json(
@@ -103,7 +103,7 @@ pub(super) async fn versions(
 ) -> Result<Response, ApiError> {
     let retention = state.config.retention_for(repo.as_str()).as_millis() as i64;
     let rows = state
-        .meta
+        .manifests()
         .list_versions(repo, VOLUME_ARTIFACT_TYPE, deleted, Window::ALL)
         .await?
         .ok_or_else(|| {
@@ -166,7 +166,7 @@ pub(super) async fn seal_start(
     digest: &Digest,
 ) -> Result<Response, ApiError> {
     if state
-        .meta
+        .manifests()
         .get_manifest(repo, &vial_core::Target::Digest(digest.clone()))
         .await?
         .is_none()
@@ -177,7 +177,7 @@ pub(super) async fn seal_start(
         ));
     }
     let job = state
-        .meta
+        .job_rows()
         .enqueue_job(SEAL_JOB, repo, digest.as_str(), true)
         .await?;
     if job.state == JobState::Done {
@@ -256,7 +256,7 @@ pub(super) async fn seal_status(
 ) -> Result<Response, ApiError> {
     let job = await_job(state, wait, || async {
         state
-            .meta
+            .job_rows()
             .get_job(SEAL_JOB, repo, digest.as_str())
             .await?
             .ok_or_else(|| {
@@ -285,7 +285,7 @@ pub(super) async fn seal_on_push(
         return;
     }
     match state
-        .meta
+        .job_rows()
         .enqueue_job(SEAL_JOB, repo, digest.as_str(), false)
         .await
     {
@@ -310,7 +310,7 @@ pub(super) async fn restore(
     let retention = state.config.retention_for(repo.as_str());
     let since = crate::storage::now_millis() - retention.as_millis() as i64;
     let restored = state
-        .meta
+        .manifests()
         .restore_manifest(repo, digest, since, with_tags)
         .await?
         .ok_or_else(|| {
@@ -351,7 +351,7 @@ pub(super) async fn leases(
     digest: &Digest,
 ) -> Result<Response, ApiError> {
     let leases = state
-        .meta
+        .leases()
         .leases(repo, digest, crate::storage::now_millis())
         .await?;
     let list: Vec<_> = leases
@@ -388,13 +388,16 @@ pub(super) async fn lease_change(
         ));
     }
     if req.method == axum::http::Method::DELETE {
-        state.meta.drop_lease(repo, digest, &request.holder).await?;
+        state
+            .leases()
+            .drop_lease(repo, digest, &request.holder)
+            .await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let ttl = std::time::Duration::from_secs(request.ttl_seconds.unwrap_or(300)).min(MAX_LEASE);
     let expires_at = crate::storage::now_millis() + ttl.as_millis() as i64;
     state
-        .meta
+        .leases()
         .put_lease(repo, digest, &request.holder, expires_at)
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -406,7 +409,7 @@ pub(super) async fn tag_history(
     repo: &RepoName,
     tag: &vial_core::Tag,
 ) -> Result<Response, ApiError> {
-    let events = state.meta.tag_history(repo, tag).await?.ok_or_else(|| {
+    let events = state.tags().tag_history(repo, tag).await?.ok_or_else(|| {
         ApiError::not_found(
             ErrorCode::NameUnknown,
             format!("repository {repo} is not known"),
@@ -457,7 +460,7 @@ pub(super) async fn tag_watch(
     let wait = parse_wait(req.query.get("wait"), MAX_TAG_WAIT)?;
     let now = match &since {
         Some(since) => state.tag_watch().wait(repo, tag, since, wait).await?,
-        None => state.meta.tag_target(repo, tag).await?,
+        None => state.tags().tag_target(repo, tag).await?,
     };
     let Some(digest) = now else {
         return Err(ApiError::not_found(
@@ -532,10 +535,6 @@ pub(super) async fn gc(
         let report = crate::service::gc::collect(state, true, None).await?;
         return Ok(crate::http::json(StatusCode::OK, &report));
     }
-    // Refused at once, rather than queued to fail.
-    if let Some(why) = state.meta.gc_blocker().await? {
-        return Err(crate::storage::StorageError::NotReady(why).into());
-    }
     let queued = crate::service::gc::start(state).await?;
     if !state.config.run_jobs {
         tracing::info!(job = %queued.id, "garbage collection queued for a replica that runs jobs");
@@ -552,7 +551,7 @@ pub(super) async fn gc_status(
 ) -> Result<Response, ApiError> {
     let job = await_job(state, wait, || async {
         state
-            .meta
+            .job_rows()
             .job_by_id(id)
             .await?
             .filter(|j| j.kind == crate::service::gc::GC_JOB)

@@ -46,13 +46,22 @@ pub(crate) use sessions::{HashState, Sessions};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::storage::{BlobStore, MetadataStore};
+use crate::storage::{
+    BlobMeta, BlobStore, JobMeta, LeaseMeta, ManifestMeta, MetadataStore, SealMeta, StorageError,
+    TagMeta, UploadMeta,
+};
 
 /// What the registry's work shares below HTTP: the two stores and the protocols over them, the
 /// configuration, and this process's own bookkeeping of that work.
+///
+/// The whole metadata store is seen only here, in `service/`. Everyone else reads and writes it
+/// through one of its facades, each the size of a use: [`Service::manifests`],
+/// [`Service::tags`], [`Service::blob_rows`], [`Service::upload_rows`], [`Service::job_rows`],
+/// [`Service::leases`] and [`Service::seal_cache`]. A caller names the part it uses; the
+/// writes that must follow a protocol are kept to this module by `tests/architecture.rs`.
 #[derive(Debug)]
 pub struct Service {
-    pub(crate) meta: Arc<dyn MetadataStore>,
+    meta: Arc<dyn MetadataStore>,
     pub(crate) blobs: Arc<dyn BlobStore>,
     pub(crate) config: Arc<Config>,
     pub(crate) metrics: Arc<Metrics>,
@@ -81,6 +90,54 @@ impl Service {
             gc_turn: tokio::sync::Mutex::new(()),
             gc_metrics: gc::report::GcMetrics::default(),
         }
+    }
+}
+
+/// The facades of the metadata store.
+impl Service {
+    /// Versions (manifests) of repositories: read, commit, delete, restore, list, referrers.
+    pub(crate) fn manifests(&self) -> &dyn ManifestMeta {
+        &*self.meta
+    }
+
+    /// Tags: where they point, their history and expiry, and the feed of their moves.
+    pub(crate) fn tags(&self) -> &dyn TagMeta {
+        &*self.meta
+    }
+
+    /// The same, held: for a task that outlives the request that starts it (the tag watch).
+    pub(crate) fn tag_feed(&self) -> Arc<dyn TagMeta> {
+        self.meta.clone()
+    }
+
+    /// Which blobs exist, where their bytes are, and which repositories they are linked to.
+    pub(crate) fn blob_rows(&self) -> &dyn BlobMeta {
+        &*self.meta
+    }
+
+    /// Upload sessions' rows.
+    pub(crate) fn upload_rows(&self) -> &dyn UploadMeta {
+        &*self.meta
+    }
+
+    /// The durable job queue: sync, seal and collection jobs, their files and progress.
+    pub(crate) fn job_rows(&self) -> &dyn JobMeta {
+        &*self.meta
+    }
+
+    /// Leases: nodes that say they have a version mounted.
+    pub(crate) fn leases(&self) -> &dyn LeaseMeta {
+        &*self.meta
+    }
+
+    /// What sealing has learnt about layers, so a layer is sealed once.
+    pub(crate) fn seal_cache(&self) -> &dyn SealMeta {
+        &*self.meta
+    }
+
+    /// Whether each store answers: the metadata store's result, then the blob store's.
+    pub(crate) async fn ping(&self) -> (Result<(), StorageError>, Result<(), StorageError>) {
+        tokio::join!(self.meta.ping(), self.blobs.ping())
     }
 }
 

@@ -44,7 +44,7 @@ impl Run {
     pub(super) async fn save_progress(&self) -> Result<(), SyncError> {
         let held = self
             .service
-            .meta
+            .job_rows()
             .save_job_progress(&self.job.id, self.job.attempts, &self.progress_json())
             .await?;
         if held {
@@ -57,7 +57,7 @@ impl Run {
     pub(super) async fn save_file(&self, file: &JobFile) -> Result<(), SyncError> {
         let held = self
             .service
-            .meta
+            .job_rows()
             .save_job_file(&self.job.id, self.job.attempts, file, &self.progress_json())
             .await?;
         if held {

@@ -73,7 +73,7 @@ pub(super) async fn sync_files(
     // What earlier attempts finished, if the file is still the same and its chunks still here.
     let mut finished: HashMap<String, JobFile> = run
         .service
-        .meta
+        .job_rows()
         .job_files(&run.job.id)
         .await?
         .into_iter()
@@ -199,7 +199,7 @@ async fn chunks_present(run: &Run, chunks: &[ChunkRef]) -> Result<bool, StorageE
     for batch in digests.chunks(4096) {
         let present = run
             .service
-            .meta
+            .blob_rows()
             .link_present_blobs(run.repo(), batch, Presence::LinkAcross)
             .await?;
         if present.len() != batch.len() {

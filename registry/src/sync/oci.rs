@@ -105,7 +105,7 @@ pub(super) async fn sync(
     for batch in blobs.chunks(4096) {
         present.extend(
             run.service
-                .meta
+                .blob_rows()
                 // Only what this repository holds: linking another repository's blob because a
                 // source manifest names its digest would hand it to whoever may push here.
                 .link_present_blobs(run.repo(), batch, Presence::Touch)

@@ -112,8 +112,16 @@ fn running(jobs: &[Job]) -> bool {
 
 /// The jobs of one repository, for its page.
 pub(super) async fn repository_jobs(state: &AppState, repo: &RepoName) -> Result<Markup, ApiError> {
-    let mut jobs = state.meta.list_jobs(SYNC_JOB, repo, JOBS_SHOWN).await?;
-    jobs.extend(state.meta.list_jobs(SEAL_JOB, repo, JOBS_SHOWN).await?);
+    let mut jobs = state
+        .job_rows()
+        .list_jobs(SYNC_JOB, repo, JOBS_SHOWN)
+        .await?;
+    jobs.extend(
+        state
+            .job_rows()
+            .list_jobs(SEAL_JOB, repo, JOBS_SHOWN)
+            .await?,
+    );
     jobs.sort_by_key(|j| std::cmp::Reverse(j.updated_at));
     Ok(html! {
         @if !jobs.is_empty() {
@@ -128,7 +136,7 @@ pub(super) async fn repository_jobs(state: &AppState, repo: &RepoName) -> Result
 /// to those who see everything); the page reloads itself while one is in progress.
 pub(super) async fn jobs(state: &AppState, viewer: &Viewer) -> Result<Markup, ApiError> {
     let jobs: Vec<Job> = state
-        .meta
+        .job_rows()
         .recent_jobs(JOBS_SHOWN * 4)
         .await?
         .into_iter()
@@ -166,9 +174,9 @@ pub(super) async fn storage(state: &AppState, viewer: &Viewer) -> Result<Markup,
         };
         return Ok(layout::page("Storage", viewer, None, body));
     }
-    let (blob_count, stored) = state.meta.stored_totals().await?;
+    let (blob_count, stored) = state.blob_rows().stored_totals().await?;
     let live = state
-        .meta
+        .manifests()
         .version_totals(None, VOLUME_ARTIFACT_TYPE)
         .await?;
     let (versions, referenced) = (live.versions, live.bytes);

@@ -39,7 +39,10 @@ async fn visible_repositories(
     let mut out = Vec::new();
     let mut last: Option<String> = None;
     loop {
-        let page = state.meta.list_repositories(last.as_deref(), 1000).await?;
+        let page = state
+            .manifests()
+            .list_repositories(last.as_deref(), 1000)
+            .await?;
         last = page.items.last().cloned();
         out.extend(
             page.items.into_iter().filter(|name| {
@@ -71,7 +74,7 @@ pub(super) async fn home(
         let versions = match RepoName::parse(name) {
             Ok(repo) => {
                 state
-                    .meta
+                    .manifests()
                     .version_totals(Some(&repo), VOLUME_ARTIFACT_TYPE)
                     .await?
                     .versions
@@ -128,7 +131,7 @@ async fn pushers(
     for tag in tags {
         let Ok(tag) = Tag::parse(tag) else { continue };
         for event in state
-            .meta
+            .tags()
             .tag_history(repo, &tag)
             .await?
             .unwrap_or_default()
@@ -156,12 +159,12 @@ pub(super) async fn repository(
         limit: VERSIONS_PER_PAGE as u32,
     };
     let shown = state
-        .meta
+        .manifests()
         .list_versions(repo, VOLUME_ARTIFACT_TYPE, false, window)
         .await?
         .ok_or_else(unknown)?;
     let total = state
-        .meta
+        .manifests()
         .version_totals(Some(repo), VOLUME_ARTIFACT_TYPE)
         .await?
         .versions as usize;
@@ -169,18 +172,18 @@ pub(super) async fn repository(
     let choices = match page {
         0 if total <= VERSIONS_PER_PAGE => shown.clone(),
         _ => state
-            .meta
+            .manifests()
             .list_versions(repo, VOLUME_ARTIFACT_TYPE, false, COMPARE_CHOICES)
             .await?
             .unwrap_or_default(),
     };
     let deleted = state
-        .meta
+        .manifests()
         .list_versions(repo, VOLUME_ARTIFACT_TYPE, true, DELETED_SHOWN)
         .await?
         .unwrap_or_default();
     let tags = state
-        .meta
+        .tags()
         .list_tags(repo, None, TAGS_SHOWN)
         .await?
         .map(|p| p.items)
@@ -188,7 +191,7 @@ pub(super) async fn repository(
     let mut tag_targets = Vec::new();
     for t in &tags {
         if let Ok(tag) = Tag::parse(t) {
-            if let Some(d) = state.meta.tag_target(repo, &tag).await? {
+            if let Some(d) = state.tags().tag_target(repo, &tag).await? {
                 tag_targets.push((t.clone(), d));
             }
         }
@@ -289,7 +292,7 @@ pub(super) async fn tag_history(
 ) -> Result<Markup, ApiError> {
     visible(state, viewer, repo)?;
     let events = state
-        .meta
+        .tags()
         .tag_history(repo, tag)
         .await?
         .ok_or_else(|| ApiError::not_found(ErrorCode::NameUnknown, "unknown repository"))?;

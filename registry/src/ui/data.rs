@@ -31,7 +31,7 @@ pub(super) async fn read_blob(
     range: Option<(u64, u64)>,
 ) -> Result<Vec<u8>, ApiError> {
     let location = state
-        .meta
+        .blob_rows()
         .blob_location(repo, digest)
         .await?
         .ok_or_else(|| ApiError::blob_unknown(digest))?;
@@ -60,7 +60,7 @@ pub(super) async fn open(
     digest: &Digest,
 ) -> Result<Opened, ApiError> {
     let manifest = state
-        .meta
+        .manifests()
         .get_manifest(repo, &Target::Digest(digest.clone()))
         .await?
         .ok_or_else(|| not_found(format!("{digest} is not in {repo}")))?;
@@ -71,7 +71,7 @@ pub(super) async fn open(
     let mut chunks = Vec::new();
     for part in &index.parts {
         let m = state
-            .meta
+            .manifests()
             .get_manifest(repo, &Target::Digest(part.digest.clone()))
             .await?
             .ok_or_else(|| invalid(format!("part {} is missing", part.digest)))?;
@@ -81,7 +81,7 @@ pub(super) async fn open(
         Some(d) => d.clone(),
         None => {
             let tm = state
-                .meta
+                .manifests()
                 .get_manifest(repo, &Target::Digest(index.tree_manifest.digest.clone()))
                 .await?
                 .ok_or_else(|| invalid("the tree manifest is missing".into()))?;

@@ -35,8 +35,8 @@ pub(super) async fn version(
 ) -> Result<Markup, ApiError> {
     visible(state, viewer, repo)?;
     let opened = data::open(state, repo, digest).await?;
-    let tags = state.meta.manifest_tags(repo, digest).await?;
-    let referrers = state.meta.referrers(repo, digest, None).await?;
+    let tags = state.tags().manifest_tags(repo, digest).await?;
+    let referrers = state.manifests().referrers(repo, digest, None).await?;
     let pinned = format!("{}/{repo}@{digest}", viewer.host);
     let head = html! {
         h1 { a href=(repo_url(repo, "")) { (repo) } " @ " span.mono { (short(digest.as_str())) } }
@@ -64,7 +64,7 @@ pub(super) async fn version(
     let body = match opened {
         Opened::Volume { tree, .. } => {
             let before = state
-                .meta
+                .manifests()
                 .version_before(repo, VOLUME_ARTIFACT_TYPE, digest)
                 .await?;
             let created = before.as_ref().map(|(at, _)| *at);

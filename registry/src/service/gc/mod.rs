@@ -69,8 +69,13 @@ impl Progress<'_> {
 }
 
 /// Queues a pass as a job (or finds the one already queued or running), for `POST
-/// /v2/_vial/gc`: it runs to the end whoever waits for it, on whichever replica runs jobs.
+/// /v2/_vial/gc`: it runs to the end whoever waits for it, on whichever replica runs jobs. A pass
+/// that could not run ([`crate::storage::GcMeta::gc_blocker`]) is refused at once, not queued to
+/// fail.
 pub async fn start(service: &Service) -> Result<Job, StorageError> {
+    if let Some(why) = service.meta.gc_blocker().await? {
+        return Err(StorageError::NotReady(why));
+    }
     if let Some(job) = service.meta.unfinished_registry_job(GC_JOB).await? {
         return Ok(job);
     }
