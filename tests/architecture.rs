@@ -419,8 +419,10 @@ fn no_circle_of_files_in_any_crate() {
 /// The registry's floors (ARCHITECTURE.md): below the routers (the service floor, the work it
 /// runs, storage) nothing knows HTTP, imports a router or the routers' `AppState`; storage also
 /// knows neither the service nor the client crate; what the routers share knows no router; the API
-/// and the cache tier are siblings that never import each other; and the cache tier, which opens
-/// no store, reaches for neither a store nor the service.
+/// and the cache tier are siblings that never import each other; the cache tier, which opens
+/// no store, reaches for neither a store nor the service; the handlers behind a router's entry
+/// take the service, not the whole `AppState`; and only the service floor holds the whole
+/// metadata store.
 #[test]
 fn the_registry_imports_only_downwards() {
     let src = root().join("registry/src");
@@ -460,6 +462,16 @@ fn the_registry_imports_only_downwards() {
         let stores = ["AppState", "MetadataStore", "BlobStore", "Service"];
         if from.starts_with("cache/") && stores.iter().any(|s| code.contains(s)) {
             broken.push(format!("{from} reaches for a store: a cache opens none"));
+        }
+        // A router's entry (its mod.rs, and the UI's sign-in, which is the entrance's) takes the
+        // router's state apart; the handlers behind it are handed the service and what else they
+        // use, never the whole state.
+        let entries = ["api/mod.rs", "ui/mod.rs", "ui/session.rs"];
+        let is_handler = from.starts_with("api/") || from.starts_with("ui/");
+        if is_handler && !entries.contains(&from.as_str()) && code.contains("AppState") {
+            broken.push(format!(
+                "{from} is a handler that takes the router's whole AppState"
+            ));
         }
         // The whole metadata store is held by the service floor and opened by the wiring; everyone
         // else takes one of its facades (`Service::manifests`, `Service::tags`, …).

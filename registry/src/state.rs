@@ -16,7 +16,7 @@ use crate::{auth, front, watch};
 #[derive(Debug)]
 pub struct Entrance {
     pub(crate) config: Arc<Config>,
-    pub(crate) auth: Option<auth::Auth>,
+    pub(crate) auth: Option<Arc<auth::Auth>>,
     /// Upload requests in flight per client address, against `Limits::max_uploads_per_client`.
     pub(crate) upload_slots: Arc<front::UploadSlots>,
     pub(crate) metrics: Arc<Metrics>,
@@ -28,7 +28,12 @@ impl Entrance {
         metrics: Arc<Metrics>,
     ) -> Result<Entrance, auth::AuthConfigError> {
         Ok(Entrance {
-            auth: config.auth.clone().map(auth::Auth::load).transpose()?,
+            auth: config
+                .auth
+                .clone()
+                .map(auth::Auth::load)
+                .transpose()?
+                .map(Arc::new),
             config,
             upload_slots: Arc::default(),
             metrics,

@@ -10,14 +10,14 @@ use vial_core::{Digest, RepoName};
 
 use crate::error::ApiError;
 use crate::http::{set_header, Request};
-use crate::state::AppState;
+use crate::service::Service;
 
 /// How long a presigned blob URL stays valid: long enough for a slow download to start, short
 /// enough that a leaked URL is soon useless.
 const REDIRECT_TTL: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 pub(super) async fn get(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     req: &Request,
@@ -80,7 +80,7 @@ pub(super) async fn get(
 }
 
 pub(super) async fn delete(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
 ) -> Result<Response, ApiError> {

@@ -7,7 +7,7 @@ use vial_core::{media, Digest, RepoName};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{json_listing, set_header, Request};
-use crate::state::AppState;
+use crate::service::Service;
 
 /// Largest page a listing returns, whatever `n` asks for; more come through the `Link` header.
 const MAX_PAGE: u32 = 1000;
@@ -35,7 +35,7 @@ fn link(path: &str, n: u32, last: Option<&String>) -> Option<String> {
 }
 
 pub(super) async fn tags(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     req: &Request,
 ) -> Result<Response, ApiError> {
@@ -70,7 +70,7 @@ pub(super) async fn tags(
     Ok(response)
 }
 
-pub(super) async fn catalog(state: &AppState, req: &Request) -> Result<Response, ApiError> {
+pub(super) async fn catalog(state: &Service, req: &Request) -> Result<Response, ApiError> {
     let n = page_size(req)?;
     let page = state
         .manifests()
@@ -95,7 +95,7 @@ pub(super) async fn catalog(state: &AppState, req: &Request) -> Result<Response,
 }
 
 pub(super) async fn referrers(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     subject: &Digest,
     req: &Request,

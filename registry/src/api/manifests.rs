@@ -9,14 +9,14 @@ use vial_core::{media, Algorithm, RepoName, Tag, Target};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{append_header, set_header, Request};
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::{ManifestRecord, TagPrecondition};
 
 /// Manifests larger than this are hashed off the executor.
 const INLINE_HASH_LIMIT: usize = 256 * 1024;
 
 pub(super) async fn get(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     target: &Target,
     req: &Request,
@@ -56,7 +56,7 @@ pub(super) async fn get(
 }
 
 pub(super) async fn put(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     target: &Target,
     req: &Request,
@@ -166,7 +166,7 @@ pub(super) async fn put(
 /// DELETE by digest hides the manifest at once and keeps it restorable for the repository's
 /// retention window; DELETE by tag removes only the tag.
 pub(super) async fn delete(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     target: &Target,
     by: Option<&str>,
@@ -226,7 +226,7 @@ pub(super) fn denied(message: String) -> ApiError {
 
 /// The `users` of every rule on `tag` must include the caller.
 pub(super) fn check_users(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     tag: &Tag,
     by: Option<&str>,
@@ -248,7 +248,7 @@ pub(super) fn check_users(
 /// preconditions, and immutability (an immutable tag may be created, never moved; setting it
 /// where it already points is a no-op). Returns the tags left to set.
 async fn check_tag_rules(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     tags: Vec<Tag>,
     digest: &vial_core::Digest,
@@ -357,7 +357,7 @@ fn too_large(limit: u64) -> ApiError {
 /// The 404 for a digest: saying, for a version deleted within its retention window, when it was
 /// deleted and until when `vial restore` can bring it back.
 async fn deleted_or_unknown(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &vial_core::Digest,
 ) -> Result<ApiError, ApiError> {
@@ -377,7 +377,7 @@ async fn deleted_or_unknown(
 /// The 404 for a tag: for a tag removed when the version it pointed at was deleted, within the
 /// version's retention window, which version that was and until when both can be restored.
 async fn tag_gone_or_unknown(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     tag: &Tag,
 ) -> Result<ApiError, ApiError> {
@@ -424,7 +424,7 @@ impl Restorable {
 }
 
 async fn restorable(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &vial_core::Digest,
 ) -> Result<Option<Restorable>, ApiError> {

@@ -115,7 +115,7 @@ async fn handle(
             vial::tag_history(state, &repo, &tag).await
         }
         (Endpoint::TagWatch(repo, tag), Method::GET | Method::HEAD) => {
-            vial::tag_watch(state, &repo, &tag, &req).await
+            vial::tag_watch(state, state.tag_watch(), &repo, &tag, &req).await
         }
         (Endpoint::Leases(repo, digest), Method::GET) => vial::leases(state, &repo, &digest).await,
         (Endpoint::Leases(repo, digest), Method::PUT | Method::DELETE) => {

@@ -20,7 +20,7 @@ use vial_core::{Digest, RepoName};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request, MAX_PACK_BYTES, MAX_PACK_CHUNKS};
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::{BlobLocation, ByteRange, ByteStream, PackedChunk, VerifyFuture};
 
 /// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
@@ -151,7 +151,7 @@ impl ChunkCheck {
 /// the chunks' bytes end to end. Stored as one pack if every chunk has its digest; then every
 /// chunk is a blob of the repository, served as a range of the pack.
 pub(super) async fn upload(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     req: &Request,
     body: Body,
@@ -308,7 +308,7 @@ fn plan(
 /// order asked, in one response (404 `BLOB_UNKNOWN` naming any the repository lacks). The client
 /// knows the sizes and digests, and verifies each chunk as it arrives.
 pub(super) async fn read(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     body: Body,
 ) -> Result<Response, ApiError> {

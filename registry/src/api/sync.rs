@@ -11,7 +11,7 @@ use super::vial::await_job;
 use crate::error::{ApiError, ErrorCode};
 use crate::http::json;
 use crate::http::read_small_body;
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::{Job, JobState};
 use crate::sync::{check_spec, SpecError, SyncProgress, SyncSpec, SYNC_JOB};
 
@@ -64,7 +64,7 @@ fn view(job: &Job) -> SyncView<'_> {
 
 /// `POST /v2/<name>/_vial/sync` with a [`SyncSpec`]: checks it and queues the job (202).
 pub(super) async fn sync_start(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     subject: Option<&str>,
     body: axum::body::Body,
@@ -116,7 +116,7 @@ pub(super) async fn sync_start(
 }
 
 /// `GET /v2/<name>/_vial/sync`: the repository's sync jobs, newest first.
-pub(super) async fn sync_list(state: &AppState, repo: &RepoName) -> Result<Response, ApiError> {
+pub(super) async fn sync_list(state: &Service, repo: &RepoName) -> Result<Response, ApiError> {
     let jobs = state
         .job_rows()
         .list_jobs(SYNC_JOB, repo, LIST_LIMIT)
@@ -128,7 +128,7 @@ pub(super) async fn sync_list(state: &AppState, repo: &RepoName) -> Result<Respo
     ))
 }
 
-async fn find(state: &AppState, repo: &RepoName, id: &str) -> Result<Job, ApiError> {
+async fn find(state: &Service, repo: &RepoName, id: &str) -> Result<Job, ApiError> {
     state
         .job_rows()
         .job_by_id(id)
@@ -145,7 +145,7 @@ async fn find(state: &AppState, repo: &RepoName, id: &str) -> Result<Job, ApiErr
 /// `GET /v2/<name>/_vial/sync/<id>[?wait=SECONDS]`: where the job is; with `wait`, answered when
 /// it finishes or the wait (at most 30 s) ends.
 pub(super) async fn sync_status(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     id: &str,
     wait: Option<&str>,
@@ -157,7 +157,7 @@ pub(super) async fn sync_status(
 /// `DELETE /v2/<name>/_vial/sync/<id>`: cancels a job that has not finished. The runner holding
 /// it stops at its next lease renewal; files copied so far stay until garbage collection.
 pub(super) async fn sync_cancel(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     id: &str,
     subject: Option<&str>,

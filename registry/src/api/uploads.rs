@@ -9,12 +9,12 @@ use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request};
 use crate::route::parse_digest;
 use crate::service::HashState;
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::{StorageError, UploadSession, VerifyFuture};
 
 /// `POST /v2/<name>/blobs/uploads/`: mount, monolithic upload, or a new session.
 pub(super) async fn start(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     req: &Request,
     body: axum::body::Body,
@@ -88,7 +88,7 @@ pub(super) async fn start(
 const SMALL_PUT: u64 = 16 * 1024 * 1024;
 
 async fn put_small(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     body: axum::body::Body,
@@ -104,7 +104,7 @@ async fn put_small(
 
 /// Writes a verified in-memory blob to the store and links it to `repo`.
 async fn store_verified(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     bytes: bytes::Bytes,
@@ -123,7 +123,7 @@ fn committed(repo: &RepoName, digest: &Digest, size: u64) -> Response {
 /// A blob of any size in one request, its digest known up front: streamed to the store, hashed
 /// on the way, and published by the store only if the digest matched.
 async fn put_streaming(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     body: axum::body::Body,
@@ -174,7 +174,7 @@ fn digest_mismatch(given: &Digest, computed: &Digest) -> ApiError {
 
 /// `GET /v2/<name>/blobs/uploads/<id>`: how much the session holds.
 pub(super) async fn status(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     id: &str,
 ) -> Result<Response, ApiError> {
@@ -195,7 +195,7 @@ pub(super) async fn status(
 
 /// `PATCH /v2/<name>/blobs/uploads/<id>`: append one chunk, in order.
 pub(super) async fn patch(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     id: &str,
     req: &Request,
@@ -218,7 +218,7 @@ pub(super) async fn patch(
 
 /// `PUT /v2/<name>/blobs/uploads/<id>?digest=`: optional last chunk, verify, publish.
 pub(super) async fn finish(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     id: &str,
     req: &Request,
@@ -281,7 +281,7 @@ pub(super) async fn finish(
 
 /// Reads a body of exactly `len` bytes into memory.
 async fn receive_whole(
-    state: &AppState,
+    state: &Service,
     body: Option<axum::body::Body>,
     len: u64,
 ) -> Result<bytes::Bytes, ApiError> {
@@ -317,7 +317,7 @@ async fn hash_in_background(
 
 /// `DELETE /v2/<name>/blobs/uploads/<id>`: abandon the session and its bytes.
 pub(super) async fn cancel(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     id: &str,
 ) -> Result<Response, ApiError> {
@@ -328,7 +328,7 @@ pub(super) async fn cancel(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn session(state: &AppState, repo: &RepoName, id: &str) -> Result<UploadSession, ApiError> {
+async fn session(state: &Service, repo: &RepoName, id: &str) -> Result<UploadSession, ApiError> {
     if uuid::Uuid::parse_str(id).is_err() {
         return Err(ApiError::upload_unknown(id));
     }
@@ -342,7 +342,7 @@ async fn session(state: &AppState, repo: &RepoName, id: &str) -> Result<UploadSe
 /// Appends a body at `start` (the session's current size if not given) and keeps the running digest
 /// only if it saw exactly the bytes that were stored.
 async fn append(
-    state: &AppState,
+    state: &Service,
     id: &str,
     hash: &mut HashState,
     body: axum::body::Body,
@@ -400,7 +400,7 @@ async fn append(
 
 /// Verifies the session's bytes against `digest`, publishes them and links the blob to `repo`.
 async fn commit(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     id: &str,
     hash: &mut HashState,
@@ -432,7 +432,7 @@ async fn commit(
 }
 
 /// Best-effort removal of a session nobody will come back to.
-async fn discard(state: &AppState, id: &str) {
+async fn discard(state: &Service, id: &str) {
     if let Err(e) = state.discard_upload(id).await {
         tracing::warn!(upload = id, error = %e, "could not remove an upload session; the janitor tries again");
     }

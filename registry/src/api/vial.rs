@@ -1,8 +1,6 @@
 //! vial's extensions to the Distribution API, under `/v2/<name>/_vial/…`. Clients use them when
 //! present and fall back to plain OCI calls when a registry answers 404.
 
-use std::sync::Arc;
-
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -13,7 +11,7 @@ use vial_core::{Digest, RepoName};
 use crate::error::{ApiError, ErrorCode};
 use crate::http::read_small_body;
 use crate::seal::SEAL_JOB;
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::{Job, JobState, Presence, Window};
 
 /// Most digests one existence check may ask about.
@@ -40,7 +38,7 @@ struct PresentResponse {
 /// cross-repository mount). A caller who may only pull learns what the repository holds and
 /// nothing is written, not even the repository.
 pub(super) async fn blobs_present(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     body: axum::body::Body,
     presence: Presence,
@@ -97,7 +95,7 @@ pub(super) fn rfc3339(millis: i64) -> String {
 /// `GET /v2/<name>/_vial/versions[?deleted=true]`: every sealed volume version of the repository,
 /// newest first; or the deleted ones that can still be restored, with their remembered tags.
 pub(super) async fn versions(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     deleted: bool,
 ) -> Result<Response, ApiError> {
@@ -161,7 +159,7 @@ fn seal_response(status: StatusCode, job: &Job) -> Response {
 /// `POST /v2/<name>/_vial/seal/<digest>`: queue a seal of the artifact (again, if it failed), and
 /// answer 202 with the job's state, or 200 once it is done.
 pub(super) async fn seal_start(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
 ) -> Result<Response, ApiError> {
@@ -221,7 +219,7 @@ pub(super) fn parse_wait(
 /// Looks a job up with `fetch` and, with `wait` (seconds, at most 30), keeps looking until it
 /// finishes or the wait ends, so a client learns of the outcome at once without polling fast.
 pub(super) async fn await_job<F, Fut>(
-    state: &AppState,
+    state: &Service,
     wait: Option<&str>,
     mut fetch: F,
 ) -> Result<Job, ApiError>
@@ -249,7 +247,7 @@ where
 
 /// `GET /v2/<name>/_vial/seal/<digest>[?wait=SECONDS]`: where the artifact's seal job is.
 pub(super) async fn seal_status(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     wait: Option<&str>,
@@ -273,7 +271,7 @@ pub(super) async fn seal_status(
 /// After a manifest push: queue a seal when the manifest is a file artifact another tool pushed.
 /// The push has succeeded whatever happens here.
 pub(super) async fn seal_on_push(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     content: &[u8],
@@ -302,7 +300,7 @@ pub(super) async fn seal_on_push(
 /// `POST /v2/<name>/_vial/restore/<digest>[?tags=true]`: brings back a version deleted within the
 /// repository's retention window, and with `tags` the tags it had that nobody has taken since.
 pub(super) async fn restore(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     with_tags: bool,
@@ -346,7 +344,7 @@ struct LeaseRequest {
 
 /// `GET /v2/<name>/_vial/leases/<digest>`: the nodes that say they have this version mounted.
 pub(super) async fn leases(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
 ) -> Result<Response, ApiError> {
@@ -366,7 +364,7 @@ pub(super) async fn leases(
 
 /// `PUT` (take or renew, `{"holder", "ttl_seconds"}`) or `DELETE` (`{"holder"}`) a lease.
 pub(super) async fn lease_change(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     req: &crate::http::Request,
@@ -405,7 +403,7 @@ pub(super) async fn lease_change(
 
 /// `GET /v2/<name>/_vial/tags/<tag>/history`: every move of the tag, oldest first.
 pub(super) async fn tag_history(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     tag: &vial_core::Tag,
 ) -> Result<Response, ApiError> {
@@ -442,7 +440,8 @@ const MAX_TAG_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// at `since` (or, for `absent`, while it does not exist), and comes the moment it moves: 200 with
 /// the digest, or 404 MANIFEST_UNKNOWN once the tag is gone.
 pub(super) async fn tag_watch(
-    state: &Arc<AppState>,
+    state: &Service,
+    watch: &crate::watch::TagWatch,
     repo: &RepoName,
     tag: &vial_core::Tag,
     req: &crate::http::Request,
@@ -459,7 +458,7 @@ pub(super) async fn tag_watch(
     };
     let wait = parse_wait(req.query.get("wait"), MAX_TAG_WAIT)?;
     let now = match &since {
-        Some(since) => state.tag_watch().wait(repo, tag, since, wait).await?,
+        Some(since) => watch.wait(repo, tag, since, wait).await?,
         None => state.tags().tag_target(repo, tag).await?,
     };
     let Some(digest) = now else {
@@ -527,7 +526,7 @@ fn gc_job_response(job: &Job) -> Response {
 /// its report if it finished within `wait` (at most 30 s), else 202 with where it is and, in
 /// `Location`, where to follow it.
 pub(super) async fn gc(
-    state: &Arc<AppState>,
+    state: &Service,
     dry_run: bool,
     wait: Option<&str>,
 ) -> Result<Response, ApiError> {
@@ -545,7 +544,7 @@ pub(super) async fn gc(
 /// `GET /v2/_vial/gc/<id>[?wait=SECONDS]`: where a garbage collection job is; with `wait`,
 /// answered when it finishes or the wait (at most 30 s) ends.
 pub(super) async fn gc_status(
-    state: &AppState,
+    state: &Service,
     id: &str,
     wait: Option<&str>,
 ) -> Result<Response, ApiError> {

@@ -9,7 +9,7 @@ use super::request::Viewer;
 use crate::error::ApiError;
 use crate::seal::SEAL_JOB;
 use crate::service::gc::GC_JOB;
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::{Job, JobState};
 use crate::sync::SYNC_JOB;
 
@@ -111,7 +111,7 @@ fn running(jobs: &[Job]) -> bool {
 }
 
 /// The jobs of one repository, for its page.
-pub(super) async fn repository_jobs(state: &AppState, repo: &RepoName) -> Result<Markup, ApiError> {
+pub(super) async fn repository_jobs(state: &Service, repo: &RepoName) -> Result<Markup, ApiError> {
     let mut jobs = state
         .job_rows()
         .list_jobs(SYNC_JOB, repo, JOBS_SHOWN)
@@ -134,15 +134,15 @@ pub(super) async fn repository_jobs(state: &AppState, repo: &RepoName) -> Result
 
 /// `/ui/jobs`: recent jobs of the repositories the viewer may see (and garbage collection passes,
 /// to those who see everything); the page reloads itself while one is in progress.
-pub(super) async fn jobs(state: &AppState, viewer: &Viewer) -> Result<Markup, ApiError> {
+pub(super) async fn jobs(state: &Service, viewer: &Viewer) -> Result<Markup, ApiError> {
     let jobs: Vec<Job> = state
         .job_rows()
         .recent_jobs(JOBS_SHOWN * 4)
         .await?
         .into_iter()
         .filter(|j| match &j.repository {
-            Some(repo) => state.ui_may_pull(viewer, repo.as_str()),
-            None => state.ui_sees_everything(viewer),
+            Some(repo) => viewer.may_pull(repo.as_str()),
+            None => viewer.sees_everything(),
         })
         .take(JOBS_SHOWN as usize)
         .collect();
@@ -166,8 +166,8 @@ pub(super) async fn jobs(state: &AppState, viewer: &Viewer) -> Result<Markup, Ap
 /// `/ui/storage`: distinct bytes stored against the bytes every live version's files add up to,
 /// and the garbage collector's last pass. Registry-wide figures: shown only to a viewer who may
 /// pull from every repository.
-pub(super) async fn storage(state: &AppState, viewer: &Viewer) -> Result<Markup, ApiError> {
-    if !state.ui_sees_everything(viewer) {
+pub(super) async fn storage(state: &Service, viewer: &Viewer) -> Result<Markup, ApiError> {
+    if !viewer.sees_everything() {
         let body = html! {
             h1 { "Storage" }
             p.muted { "Registry-wide figures are shown to those who may pull from every repository." }

@@ -10,7 +10,7 @@ use vial_core::{RepoName, Tag};
 use super::layout::{self, bytes, copyable, repo_url, short, time};
 use super::request::{page_number, query_param, visible, Viewer};
 use crate::error::{ApiError, ErrorCode};
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::Window;
 
 /// Repositories on one page of the home page.
@@ -32,7 +32,7 @@ const TAGS_SHOWN: u32 = 200;
 
 /// Every repository name `viewer` may see, in order, matching `q` if given.
 async fn visible_repositories(
-    state: &AppState,
+    state: &Service,
     viewer: &Viewer,
     q: Option<&str>,
 ) -> Result<Vec<String>, ApiError> {
@@ -45,9 +45,9 @@ async fn visible_repositories(
             .await?;
         last = page.items.last().cloned();
         out.extend(
-            page.items.into_iter().filter(|name| {
-                q.is_none_or(|q| name.contains(q)) && state.ui_may_pull(viewer, name)
-            }),
+            page.items
+                .into_iter()
+                .filter(|name| q.is_none_or(|q| name.contains(q)) && viewer.may_pull(name)),
         );
         if !page.more {
             return Ok(out);
@@ -57,7 +57,7 @@ async fn visible_repositories(
 
 /// `/ui/`: namespaces and their repositories.
 pub(super) async fn home(
-    state: &AppState,
+    state: &Service,
     viewer: &Viewer,
     query: &str,
 ) -> Result<Markup, ApiError> {
@@ -123,7 +123,7 @@ pub(super) async fn home(
 
 /// Where each digest was first pushed under one of `tags`, and by whom: from the tag histories.
 async fn pushers(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     tags: &[String],
 ) -> Result<HashMap<String, String>, ApiError> {
@@ -146,12 +146,12 @@ async fn pushers(
 
 /// `/ui/r/<name>`: a repository's versions (for a volume), tags, and a way to compare versions.
 pub(super) async fn repository(
-    state: &AppState,
+    state: &Service,
     viewer: &Viewer,
     repo: &RepoName,
     query: &str,
 ) -> Result<Markup, ApiError> {
-    visible(state, viewer, repo)?;
+    visible(viewer, repo)?;
     let unknown = || ApiError::not_found(ErrorCode::NameUnknown, "unknown repository");
     let page = page_number(query);
     let window = Window {
@@ -285,12 +285,12 @@ pub(super) async fn repository(
 
 /// `/ui/r/<name>/-/tags/<tag>`: every move of a tag.
 pub(super) async fn tag_history(
-    state: &AppState,
+    state: &Service,
     viewer: &Viewer,
     repo: &RepoName,
     tag: &Tag,
 ) -> Result<Markup, ApiError> {
-    visible(state, viewer, repo)?;
+    visible(viewer, repo)?;
     let events = state
         .tags()
         .tag_history(repo, tag)

@@ -7,7 +7,7 @@ use vial_core::volume::{chunks_from_part, tree_from_manifest, Tree, VolumeIndex}
 use vial_core::{Digest, RepoName, Target};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::state::AppState;
+use crate::service::Service;
 use crate::storage::{read_located, StoredManifest};
 
 /// The largest tree blob or file header the UI reads into memory.
@@ -25,7 +25,7 @@ fn not_found(what: String) -> ApiError {
 
 /// Reads a whole blob of `repo` (at most [`MAX_READ`] bytes).
 pub(super) async fn read_blob(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
     range: Option<(u64, u64)>,
@@ -55,7 +55,7 @@ pub(super) async fn read_blob(
 
 /// Opens the manifest `digest` of `repo`, and, if it is a volume, its tree.
 pub(super) async fn open(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     digest: &Digest,
 ) -> Result<Opened, ApiError> {
@@ -97,7 +97,7 @@ pub(super) async fn open(
 
 /// Bytes `[start, end)` of the file `path` of a version, read from its chunks.
 async fn read_file_range(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     tree: &Tree,
     path: &str,
@@ -118,7 +118,7 @@ async fn read_file_range(
 
 /// The tensors of a safetensors file of a version; `None` for a file that is not one.
 pub(super) async fn tensors(
-    state: &AppState,
+    state: &Service,
     repo: &RepoName,
     tree: &Tree,
     path: &str,

@@ -87,7 +87,7 @@ pub fn page(title: &str, viewer: &Viewer, refresh: Option<u32>, body: Markup) ->
                                 span { "signed in as " b { (user) } }
                                 form method="post" action="/ui/logout" { button type="submit" { "Sign out" } }
                             }
-                            None if viewer.auth => { a href="/ui/login" { "Sign in" } }
+                            None if viewer.signs_in() => { a href="/ui/login" { "Sign in" } }
                             None => {}
                         }
                     }
@@ -167,7 +167,7 @@ mod tests {
     fn values_are_escaped_and_times_read_plainly() {
         let viewer = Viewer {
             subject: Some("<b>mallory</b>".into()),
-            auth: true,
+            rules: None,
             host: "h".into(),
         };
         let html = page("t", &viewer, None, html! { p { "x" } }).into_string();

@@ -3,42 +3,47 @@
 
 use vial_core::RepoName;
 
-use crate::auth::Action;
-use crate::error::ApiError;
-use crate::state::AppState;
+use std::sync::Arc;
 
-/// Who is looking: `subject` once signed in; `auth` when the registry checks credentials at all;
-/// `host` is how clients name this registry in references (for the pinned references to copy).
+use crate::auth::{Action, Auth};
+use crate::error::ApiError;
+
+/// Who is looking: `subject` once signed in; `rules`, the registry's authentication, when it
+/// checks credentials at all; `host` is how clients name this registry in references (for the
+/// pinned references to copy). A page asks the viewer what it may see, so the pages need nothing
+/// of the router's state but the service.
 #[derive(Debug, Clone)]
 pub(crate) struct Viewer {
     pub subject: Option<String>,
-    pub auth: bool,
+    pub rules: Option<Arc<Auth>>,
     pub host: String,
 }
 
-impl AppState {
-    /// Whether `viewer` may see `repo`: whether its pulls would be allowed.
-    pub(crate) fn ui_may_pull(&self, viewer: &Viewer, repo: &str) -> bool {
-        match &self.entrance.auth {
+impl Viewer {
+    /// Whether the registry asks for credentials (so a page offers to sign in).
+    pub(crate) fn signs_in(&self) -> bool {
+        self.rules.is_some()
+    }
+
+    /// Whether this viewer may see `repo`: whether its pulls would be allowed.
+    pub(crate) fn may_pull(&self, repo: &str) -> bool {
+        match &self.rules {
             None => true,
-            Some(auth) => auth.allows(viewer.subject.as_deref(), repo, Action::Pull),
+            Some(auth) => auth.allows(self.subject.as_deref(), repo, Action::Pull),
         }
     }
 
-    /// Whether `viewer` may see registry-wide figures (storage, every job): only someone who may
-    /// pull from every repository, since counts over all of them say something of each.
-    pub(crate) fn ui_sees_everything(&self, viewer: &Viewer) -> bool {
-        match &self.entrance.auth {
-            None => true,
-            Some(auth) => auth.allows(viewer.subject.as_deref(), "*", Action::Pull),
-        }
+    /// Whether this viewer may see registry-wide figures (storage, every job): only someone who
+    /// may pull from every repository, since counts over all of them say something of each.
+    pub(crate) fn sees_everything(&self) -> bool {
+        self.may_pull("*")
     }
 }
 
 /// The repository, if `viewer` may see it; otherwise the same answer as for one that does not
 /// exist.
-pub(super) fn visible(state: &AppState, viewer: &Viewer, repo: &RepoName) -> Result<(), ApiError> {
-    if state.ui_may_pull(viewer, repo.as_str()) {
+pub(super) fn visible(viewer: &Viewer, repo: &RepoName) -> Result<(), ApiError> {
+    if viewer.may_pull(repo.as_str()) {
         Ok(())
     } else {
         Err(ApiError::not_found(

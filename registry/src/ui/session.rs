@@ -8,6 +8,8 @@ use maud::html;
 
 use super::layout::{self, html_response};
 use super::request::Viewer;
+use std::sync::Arc;
+
 use crate::front::ClientAddr;
 use crate::state::AppState;
 
@@ -21,7 +23,7 @@ pub(super) fn viewer(state: &AppState, headers: &HeaderMap) -> Viewer {
     let Some(auth) = &state.entrance.auth else {
         return Viewer {
             subject: None,
-            auth: false,
+            rules: None,
             host,
         };
     };
@@ -35,7 +37,7 @@ pub(super) fn viewer(state: &AppState, headers: &HeaderMap) -> Viewer {
         .map(|(_, value)| value.to_owned());
     Viewer {
         subject: token.and_then(|t| auth.session_subject(&t)),
-        auth: true,
+        rules: Some(Arc::clone(auth)),
         host,
     }
 }
@@ -59,7 +61,7 @@ fn host(state: &AppState, headers: &HeaderMap) -> String {
 pub(super) fn form(state: &AppState, error: Option<(StatusCode, &str)>) -> Response {
     let viewer = Viewer {
         subject: None,
-        auth: state.entrance.auth.is_some(),
+        rules: state.entrance.auth.clone(),
         host: String::new(),
     };
     let status = error.map_or(StatusCode::OK, |(s, _)| s);

@@ -12,7 +12,7 @@ use super::data::{self, Opened};
 use super::layout::{self, bytes, copyable, repo_url, short, time};
 use super::request::{query_param, visible, Viewer};
 use crate::error::{ApiError, ErrorCode};
-use crate::state::AppState;
+use crate::service::Service;
 
 /// Entries of a tree shown on a version's page.
 const ENTRIES_SHOWN: usize = 2000;
@@ -28,12 +28,12 @@ fn chunk_set(tree: &Tree) -> HashSet<&Digest> {
 
 /// `/ui/r/<name>/-/v/<digest>`.
 pub(super) async fn version(
-    state: &AppState,
+    state: &Service,
     viewer: &Viewer,
     repo: &RepoName,
     digest: &Digest,
 ) -> Result<Markup, ApiError> {
-    visible(state, viewer, repo)?;
+    visible(viewer, repo)?;
     let opened = data::open(state, repo, digest).await?;
     let tags = state.tags().manifest_tags(repo, digest).await?;
     let referrers = state.manifests().referrers(repo, digest, None).await?;
@@ -172,12 +172,12 @@ pub(super) async fn version(
 
 /// `/ui/r/<name>/-/compare?a=<older>&b=<newer>`.
 pub(super) async fn compare(
-    state: &AppState,
+    state: &Service,
     viewer: &Viewer,
     repo: &RepoName,
     query: &str,
 ) -> Result<Markup, ApiError> {
-    visible(state, viewer, repo)?;
+    visible(viewer, repo)?;
     let digest = |k: &str| {
         query_param(query, k)
             .and_then(|d| Digest::parse(&d).ok())
