@@ -98,18 +98,13 @@ pub fn app(
     Ok((front::layers(router, &state.config.limits), state))
 }
 
-/// Builds the HTTP application of a cache of another registry (`--upstream`). It opens no store:
-/// what it holds lives in its cache directory.
-fn cache_app(config: Config) -> Result<(Router, Arc<CacheState>), ServeError> {
-    let upstream = config
-        .upstream
-        .as_ref()
-        .ok_or_else(|| ServeError::Cache("no upstream is configured".into()))?;
-    let cache = Arc::new(cache::Cache::open(upstream).map_err(ServeError::Cache)?);
+/// Builds the HTTP application of a cache of another registry (`--upstream`), over the cache
+/// `serve` opened. It opens no store: what it holds lives in its cache directory.
+fn cache_app(config: Config, cache: cache::Cache) -> Result<(Router, Arc<CacheState>), ServeError> {
     let config = Arc::new(config);
     let state = Arc::new(CacheState {
         entrance: Entrance::new(Arc::clone(&config), Arc::default())?,
-        cache,
+        cache: Arc::new(cache),
     });
     let router = entrance_routes::<CacheState>()
         .route("/metrics", get(cache_metrics))
@@ -138,8 +133,9 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    if config.upstream.is_some() {
-        return serve_cache(config, listener, shutdown).await;
+    if let Some(upstream) = &config.upstream {
+        let cache = cache::Cache::open(upstream).map_err(ServeError::Cache)?;
+        return serve_cache(config, cache, listener, shutdown).await;
     }
     let (meta, blobs) = open_storage(&config).await?;
     let (router, state) = app(config, meta, blobs)?;
@@ -170,7 +166,7 @@ pub async fn serve(
             watch.close();
         }
     };
-    listen(&state.config, listener, router, shutdown).await?;
+    listen(&state.config, "registry", listener, router, shutdown).await?;
     janitor.abort();
     if let Some(collector) = collector {
         collector.abort();
@@ -190,10 +186,11 @@ pub async fn serve(
 /// A cache keeps nothing of its own in stores: nothing to sweep, collect or run.
 async fn serve_cache(
     config: Config,
+    cache: cache::Cache,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let (router, state) = cache_app(config)?;
+    let (router, state) = cache_app(config, cache)?;
     let cache = &state.cache;
     tracing::info!(
         upstream = %cache.upstream_url,
@@ -203,21 +200,23 @@ async fn serve_cache(
         let cache = Arc::clone(cache);
         tokio::spawn(async move { cache.peers.find_myself().await });
     }
-    listen(&state.entrance.config, listener, router, shutdown).await?;
+    listen(&state.entrance.config, "cache", listener, router, shutdown).await?;
     cache.close();
     tracing::info!("cache stopped");
     Ok(())
 }
 
-/// Serves `router` over plain TCP or TLS, as configured, until `shutdown` completes.
+/// Serves `router` over plain TCP or TLS, as configured, until `shutdown` completes. `tier` says
+/// in the log what listens: the registry or a cache.
 async fn listen(
     config: &Config,
+    tier: &str,
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let addr = listener.local_addr().map_err(ServeError::Listen)?;
-    tracing::info!(%addr, "registry listening");
+    tracing::info!(%addr, "{tier} listening");
     let limits = &config.limits;
     match &config.tls {
         Some(files) => {
