@@ -41,8 +41,9 @@ impl Entrance {
     }
 }
 
-/// Shared state of the API's handlers. It reads as the [`Service`] it holds (`state.tags()`,
-/// `state.config`), plus the fields below.
+/// The state of the API's router. Its entry (`api/mod.rs`, `ui/mod.rs`) takes it apart: a handler
+/// is handed the [`Service`] (which this reads as, so `&state` passes for one) and whatever else
+/// it uses of the fields below.
 #[derive(Debug)]
 pub struct AppState {
     pub(crate) entrance: Entrance,
