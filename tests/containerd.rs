@@ -59,6 +59,46 @@ fn sums(root: &Path, files: &[&str], prefix: &str) -> String {
         .collect()
 }
 
+/// The block containerd's configuration needs is printed for the flags given, as valid TOML with
+/// absolute paths (containerd resolves neither against the snapshotter's directory), and the
+/// snapshotter exits without serving.
+#[test]
+fn the_snapshotter_prints_the_containerd_block_for_its_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(crate::support::vial_bin())
+        .current_dir(dir.path())
+        .args(["snapshotter", "--print-containerd-config"])
+        .args(["--address", "run/vial.sock", "--root", "snap shots"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let parsed: toml::Value = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let vial = &parsed["proxy_plugins"]["vial"];
+    let root = dir.path().canonicalize().unwrap();
+    assert_eq!(vial["type"].as_str(), Some("snapshot"));
+    assert_eq!(
+        vial["address"].as_str(),
+        Some(root.join("run/vial.sock").to_str().unwrap())
+    );
+    assert_eq!(
+        vial["exports"]["root"].as_str(),
+        Some(root.join("snap shots").to_str().unwrap())
+    );
+    assert_eq!(
+        vial["exports"]["enable_remote_snapshot_annotations"].as_str(),
+        Some("true")
+    );
+    assert!(
+        !dir.path().join("snap shots").exists() && !dir.path().join("run").exists(),
+        "printing the block opened the snapshotter"
+    );
+}
+
 #[test]
 fn volumes_mount_lazily_in_containerd_and_ordinary_images_still_run() {
     let Some(skopeo) = peer("skopeo") else { return };

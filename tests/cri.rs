@@ -198,6 +198,32 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
             cached < 1 << 20,
             "the pull fetched {cached} bytes of a 25 MiB volume: not lazy"
         );
+
+        // The image filesystem, as kubelet's eviction manager and image garbage collection ask
+        // for it: vial's is the snapshotter's root (the block `vial snapshotter
+        // --print-containerd-config` prints exports it), and every one reported exists.
+        let fs = im
+            .clone()
+            .image_fs_info(ImageFsInfoRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("ImageFsInfo: {e}\n{}", cri.log()))
+            .into_inner();
+        let mountpoints: Vec<String> = fs
+            .image_filesystems
+            .iter()
+            .filter_map(|f| f.fs_id.as_ref().map(|id| id.mountpoint.clone()))
+            .collect();
+        for mountpoint in &mountpoints {
+            assert!(
+                Path::new(mountpoint).is_dir(),
+                "ImageFsInfo names {mountpoint}, which does not exist: kubelet cannot stat it"
+            );
+        }
+        let root = cri.snapshotter_root.to_string_lossy().into_owned();
+        assert!(
+            mountpoints.contains(&root),
+            "ImageFsInfo does not name the snapshotter's root {root}: {mountpoints:?}"
+        );
         let snapshots = cri.ctr_ok(&["snapshots", "--snapshotter", "vial", "ls"]);
         assert!(snapshots.contains(&tree), "{snapshots}");
 

@@ -51,11 +51,13 @@ impl Containerd {
         std::fs::write(
             &config,
             format!(
-                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[grpc]\n  address = \"{sock}\"\n[proxy_plugins]\n  [proxy_plugins.vial]\n    type = \"snapshot\"\n    address = \"{vial}\"\n",
+                // The block users are told to write: containerd 1.6 reads its type and
+                // address and ignores the exports.
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[grpc]\n  address = \"{sock}\"\n{plugin}",
                 root = d.join("root").display(),
                 state = d.join("state").display(),
                 sock = socket.display(),
-                vial = snapshotter_socket.display(),
+                plugin = super::cri::containerd_block(&snapshotter_socket, &d.join("vial-root")),
             ),
         )
         .unwrap();

@@ -30,6 +30,24 @@ pub fn containerd2_dir() -> Option<PathBuf> {
     None
 }
 
+/// The `[proxy_plugins.vial]` block, as `vial snapshotter --print-containerd-config` prints it
+/// for these flags: the tests run containerd with what users are told to write.
+pub fn containerd_block(address: &Path, root: &Path) -> String {
+    let out = Command::new(vial_bin())
+        .args(["snapshotter", "--print-containerd-config", "--address"])
+        .arg(address)
+        .arg("--root")
+        .arg(root)
+        .output()
+        .expect("run vial snapshotter --print-containerd-config");
+    assert!(
+        out.status.success(),
+        "vial snapshotter --print-containerd-config failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("the block is UTF-8")
+}
+
 fn wait_for(path: &Path, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !path.exists() {
@@ -91,11 +109,7 @@ state = "{state}"
   address = "{sock}"
 [ttrpc]
   address = "{sock}.ttrpc"
-[proxy_plugins]
-  [proxy_plugins.vial]
-    type = "snapshot"
-    address = "{vial}"
-[plugins]
+{plugin}[plugins]
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = "{snapshotter}"
     disable_snapshot_annotations = false
@@ -125,7 +139,7 @@ state = "{state}"
             root = d.join("root").display(),
             state = d.join("state").display(),
             sock = socket.display(),
-            vial = d.join("vial.sock").display(),
+            plugin = containerd_block(&d.join("vial.sock"), &d.join("vial-root")),
             certs = d.join("certs.d").display(),
             shim = bin.join("containerd-shim-runc-v2").display(),
             runc = runc.display(),

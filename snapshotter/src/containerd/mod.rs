@@ -2,6 +2,7 @@
 //! vial mounts, and `vial containerd pull`, which pulls a volume (or any image) through it with
 //! the remote-snapshot labels.
 
+pub mod config;
 pub mod labels;
 pub mod pull;
 mod service;
