@@ -65,18 +65,10 @@ fn sums(root: &Path, files: &[&str], prefix: &str) -> String {
 #[test]
 fn the_snapshotter_prints_the_containerd_block_for_its_flags() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(crate::support::vial_bin())
+    let text = run(Command::new(crate::support::vial_bin())
         .current_dir(dir.path())
         .args(["snapshotter", "--print-containerd-config"])
-        .args(["--address", "run/vial.sock", "--root", "snap shots"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+        .args(["--address", "run/vial.sock", "--root", "snap shots"]));
     let parsed: toml::Value = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let vial = &parsed["proxy_plugins"]["vial"];
     let root = dir.path().canonicalize().unwrap();

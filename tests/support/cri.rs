@@ -13,7 +13,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::mount::fuse_available;
-use super::{peer, require_all, vial_bin};
+use super::{peer, require_all, run, vial_bin};
 
 /// The unpacked containerd 2.x, or `None` (a skip; a failure under VIAL_TEST_REQUIRE_ALL=1).
 pub fn containerd2_dir() -> Option<PathBuf> {
@@ -33,19 +33,11 @@ pub fn containerd2_dir() -> Option<PathBuf> {
 /// The `[proxy_plugins.vial]` block, as `vial snapshotter --print-containerd-config` prints it
 /// for these flags: the tests run containerd with what users are told to write.
 pub fn containerd_block(address: &Path, root: &Path) -> String {
-    let out = Command::new(vial_bin())
+    run(Command::new(vial_bin())
         .args(["snapshotter", "--print-containerd-config", "--address"])
         .arg(address)
         .arg("--root")
-        .arg(root)
-        .output()
-        .expect("run vial snapshotter --print-containerd-config");
-    assert!(
-        out.status.success(),
-        "vial snapshotter --print-containerd-config failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("the block is UTF-8")
+        .arg(root))
 }
 
 fn wait_for(path: &Path, what: &str) {
