@@ -30,6 +30,24 @@ fn du(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The bytes `ctr snapshots usage` reports for snapshot `key` (it prints them as "25.3 MiB").
+fn snapshot_usage(cri: &Cri, key: &str) -> f64 {
+    let out = cri.ctr_ok(&["snapshots", "--snapshotter", "vial", "usage", key]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("no usage of {key}: {out}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let unit = match fields.get(2) {
+        Some(&"B") => 1.0,
+        Some(&"KiB") => 1024.0,
+        Some(&"MiB") => 1024.0 * 1024.0,
+        Some(&"GiB") => 1024.0 * 1024.0 * 1024.0,
+        other => panic!("unexpected unit {other:?}: {out}"),
+    };
+    fields[1].parse::<f64>().unwrap() * unit
+}
+
 /// FUSE mounts of vial volumes under `root`.
 fn volume_mounts(root: &Path) -> Vec<String> {
     let prefix = root.display().to_string();
@@ -302,6 +320,15 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
             .collect();
         assert_eq!(String::from_utf8_lossy(&exec.stdout), expected);
 
+        // What the volume holds on the node now is what the container read, in the node cache,
+        // and the snapshotter reports it as the snapshot's usage.
+        let cached = du(&cri.cache) as f64;
+        let usage = snapshot_usage(&cri, &tree);
+        assert!(
+            cached > 24.0 * 1024.0 * 1024.0 && (usage - cached).abs() < cached * 0.02,
+            "the volume's snapshot reports {usage} bytes; the node cache holds {cached}"
+        );
+
         // While the pod runs, the node holds a lease on the version, so it cannot be deleted
         // from under the container.
         let holders = lease_holders(&server, &pinned);
@@ -368,6 +395,13 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
             );
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
+        // Removing the image (as kubelet's image garbage collection does) released the volume's
+        // chunks from the node cache: the disk is free again.
+        let cached = du(&cri.cache);
+        assert!(
+            cached < 1 << 20,
+            "the node cache still holds {cached} bytes of the removed volume"
+        );
     });
     // The lease went with the mount: the version can be deleted now.
     vial_ok(&home, &["rm", &volume]);

@@ -14,6 +14,10 @@
 //!
 //! Several processes may share one directory. Each keeps its own view of what is there and evicts
 //! to its own bound; a chunk another process evicted is simply missing on open and fetched again.
+//!
+//! A disk that fills before the cache reaches its bound (a bound larger than the disk, or other
+//! files on it) lowers the bound to what the cache holds, and the cache evicts to make room: reads
+//! go on, and a full disk costs refetches, never a failed read.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -61,6 +65,11 @@ fn write_chunk_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)
 }
 
+/// Whether a write failed because the filesystem (or the user's quota on it) is full.
+fn disk_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
 /// Chunks at least this large are written with O_DIRECT.
 const DIRECT_MIN: usize = 256 * 1024;
 
@@ -106,7 +115,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + '_ {
 #[derive(Debug)]
 pub struct ChunkCache {
     dir: PathBuf,
-    limit: u64,
+    /// The bound: as configured, until a full disk lowers it.
+    limit: AtomicU64,
     state: Mutex<State>,
     tmp_counter: AtomicU64,
     stats: std::sync::Arc<Stats>,
@@ -169,7 +179,7 @@ impl ChunkCache {
         }
         let cache = ChunkCache {
             dir: dir.to_owned(),
-            limit,
+            limit: AtomicU64::new(limit),
             state: Mutex::new(State::default()),
             tmp_counter: AtomicU64::new(0),
             stats,
@@ -181,7 +191,7 @@ impl ChunkCache {
     }
 
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
     }
 
     fn path(&self, digest: &Digest) -> PathBuf {
@@ -408,13 +418,24 @@ impl ChunkCache {
                 return Err(io(&marker)(e));
             }
         }
-        let result = (|| -> std::io::Result<()> {
+        let store = || -> std::io::Result<()> {
             write_chunk_file(&tmp, bytes)?;
             if let Some(parent) = dest.parent() {
                 std::fs::create_dir_all(parent)?;
             }
             std::fs::rename(&tmp, &dest)
-        })();
+        };
+        let result = loop {
+            match store() {
+                Err(e) if disk_full(&e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    if !self.make_room(bytes.len() as u64) {
+                        break Err(e);
+                    }
+                }
+                other => break other,
+            }
+        };
         if let Err(e) = result {
             let _ = std::fs::remove_file(&tmp);
             return Err(io(&dest)(e));
@@ -442,10 +463,16 @@ impl ChunkCache {
 
     /// Removes least recently used chunks until the cache is within its bound.
     fn evict(&self) {
+        self.evict_to(self.limit());
+    }
+
+    /// Removes least recently used chunks (never the most recent) until the cache holds at most
+    /// `bound` bytes. Returns how many it removed.
+    fn evict_to(&self, bound: u64) -> usize {
         let victims: Vec<(Digest, u64)> = {
             let mut state = self.lock();
-            if state.total <= self.limit {
-                return;
+            if state.total <= bound {
+                return 0;
             }
             let mut order: Vec<(u64, Digest, u64)> = state
                 .entries
@@ -456,7 +483,7 @@ impl ChunkCache {
             let mut victims = Vec::new();
             let newest = order.last().map(|(_, d, _)| d.clone());
             for (_, d, size) in order {
-                if state.total <= self.limit || Some(&d) == newest.as_ref() {
+                if state.total <= bound || Some(&d) == newest.as_ref() {
                     break;
                 }
                 state.entries.remove(&d);
@@ -472,6 +499,52 @@ impl ChunkCache {
         self.stats
             .evictions
             .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        victims.len()
+    }
+
+    /// The disk is full before the cache reached its bound: lowers the bound to what the cache
+    /// holds less `need` bytes, and evicts down to it. Returns whether anything was freed, so a
+    /// write can be tried again.
+    fn make_room(&self, need: u64) -> bool {
+        let held = self.total();
+        let bound = held.saturating_sub(need);
+        let before = self.limit.fetch_min(bound, Ordering::Relaxed);
+        if bound < before {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                bound = bound,
+                configured = before,
+                "the chunk cache's disk is full: keeping the cache within what it holds now, evicting to make room"
+            );
+        }
+        self.evict_to(bound) > 0
+    }
+
+    /// Deletes these chunks from the cache (a volume that is gone from the node), whether this
+    /// process or another stored them. Returns how many chunk files and bytes were removed.
+    pub fn discard<'a>(&self, digests: impl IntoIterator<Item = &'a Digest>) -> (u64, u64) {
+        let (mut files, mut bytes) = (0, 0);
+        for digest in digests {
+            self.forget(digest);
+            let path = self.path(digest);
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if std::fs::remove_file(&path).is_ok() {
+                files += 1;
+                bytes += meta.len();
+            }
+        }
+        (files, bytes)
+    }
+
+    /// How many of these chunks this process has in the cache, and their bytes.
+    pub fn held<'a>(&self, digests: impl IntoIterator<Item = &'a Digest>) -> (u64, u64) {
+        let state = self.lock();
+        digests
+            .into_iter()
+            .filter_map(|d| state.entries.get(d))
+            .fold((0, 0), |(n, bytes), e| (n + 1, bytes + e.size))
     }
 
     /// Asks the kernel to start reading cached chunks' files into the page cache, so a reader
@@ -606,6 +679,46 @@ mod tests {
             "the corrupt chunk is gone"
         );
         assert!(!dir.path().join("tmp/123-0").exists());
+    }
+
+    #[test]
+    fn discarded_chunks_leave_the_disk_and_the_count_whoever_stored_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let chunks: Vec<_> = (0..3).map(chunk).collect();
+        let size = chunks[0].1.len() as u64;
+        let cache = ChunkCache::open(dir.path(), 1 << 30, Arc::new(Stats::default())).unwrap();
+        for (d, b) in &chunks[..2] {
+            cache.insert(d, b).unwrap();
+        }
+        // The third is stored by another process sharing the directory.
+        let other = ChunkCache::open(dir.path(), 1 << 30, Arc::new(Stats::default())).unwrap();
+        other.insert(&chunks[2].0, &chunks[2].1).unwrap();
+        let all: Vec<&Digest> = chunks.iter().map(|(d, _)| d).collect();
+        assert_eq!(cache.held(all.iter().copied()), (2, 2 * size));
+
+        assert_eq!(
+            cache.discard([&chunks[0].0, &chunks[2].0]),
+            (2, 2 * size),
+            "one of its own and the other process's"
+        );
+        assert_eq!(cache.total(), size);
+        assert_eq!(cache.held(all.iter().copied()), (1, size));
+        let mut buf = [0u8; 4];
+        assert!(matches!(
+            cache.read_at(&chunks[0].0, 0, &mut buf),
+            Err(CacheError::Missing(_))
+        ));
+        assert!(matches!(
+            other.read_at(&chunks[2].0, 0, &mut buf),
+            Err(CacheError::Missing(_))
+        ));
+        cache.read_at(&chunks[1].0, 0, &mut buf).unwrap();
+        assert_eq!(buf, [1; 4]);
+        assert_eq!(
+            cache.discard([&chunks[0].0]),
+            (0, 0),
+            "nothing left to remove"
+        );
     }
 }
 

@@ -152,6 +152,11 @@ impl Mounted {
         }
     }
 
+    /// The node cache this mount reads through.
+    pub fn cache(&self) -> &Arc<ChunkCache> {
+        &self.cache
+    }
+
     /// Whether the session has ended, without blocking.
     pub fn try_wait(&self) -> Option<std::io::Result<()>> {
         self.done.try_recv().ok()

@@ -10,7 +10,7 @@
 // receives, so it is used throughout rather than converted at the edge.
 #![allow(clippy::result_large_err)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -21,7 +21,7 @@ use containerd_snapshots::{Info, Kind, Usage};
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use vial_client::{Registry, RegistryOptions};
-use vial_core::Reference;
+use vial_core::{Digest, Reference};
 
 use super::labels::{self, RemoteLayer};
 use super::store::{Remote, Snap, SnapKind, Store};
@@ -39,10 +39,16 @@ pub struct VialSnapshotter {
     options: SnapshotterOptions,
     store: tokio::sync::Mutex<Store>,
     /// Live FUSE mounts of remote snapshots, by snapshot id.
-    mounts: std::sync::Mutex<HashMap<u64, Mounted>>,
+    mounts: std::sync::Mutex<HashMap<u64, Volume>>,
     /// Held through a remote prepare, so two pulls of one volume mount it once.
     preparing: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Handle,
+}
+
+/// A volume the snapshotter has mounted, and the chunks its version is made of.
+struct Volume {
+    mounted: Mounted,
+    chunks: HashSet<Digest>,
 }
 
 impl std::fmt::Debug for VialSnapshotter {
@@ -89,6 +95,7 @@ impl VialSnapshotter {
     /// Opens the snapshotter's record and mounts again every volume it had mounted.
     pub async fn open(options: SnapshotterOptions) -> std::io::Result<Arc<VialSnapshotter>> {
         let store = Store::open(&options.root)?;
+        warn_if_cache_elsewhere(&options);
         let remotes: Vec<(u64, Remote)> = store
             .iter()
             .filter_map(|(_, s)| s.remote.clone().map(|r| (s.id, r)))
@@ -117,7 +124,7 @@ impl VialSnapshotter {
     /// at the next start.
     pub fn unmount_all(&self) {
         let mounts: Vec<Mounted> = match self.mounts.lock() {
-            Ok(mut m) => m.drain().map(|(_, v)| v).collect(),
+            Ok(mut m) => m.drain().map(|(_, v)| v.mounted).collect(),
             Err(_) => return,
         };
         for mut m in mounts {
@@ -151,6 +158,12 @@ impl VialSnapshotter {
             )));
         }
         let pinned = reference.pinned(version.digest.clone());
+        let chunks = version
+            .tree
+            .chunks
+            .iter()
+            .map(|c| c.digest.clone())
+            .collect();
         let mounted = crate::mount::mount(
             &self.runtime,
             registry,
@@ -169,13 +182,21 @@ impl VialSnapshotter {
         let lease_taken = mounted.lease_taken();
         lease_taken.await;
         if let Ok(mut mounts) = self.mounts.lock() {
-            mounts.insert(id, mounted);
+            mounts.insert(id, Volume { mounted, chunks });
         }
         Ok(mountpoint)
     }
 
-    fn take_mount(&self, id: u64) -> Option<Mounted> {
+    fn take_mount(&self, id: u64) -> Option<Volume> {
         self.mounts.lock().ok().and_then(|mut m| m.remove(&id))
+    }
+
+    /// The chunks of every volume still mounted.
+    fn chunks_in_use(&self) -> HashSet<Digest> {
+        self.mounts
+            .lock()
+            .map(|m| m.values().flat_map(|v| v.chunks.iter().cloned()).collect())
+            .unwrap_or_default()
     }
 
     /// Creates an ordinary snapshot (an empty directory over its parents).
@@ -372,6 +393,25 @@ fn mounts_of(store: &Store, key: &str) -> Result<Vec<Mount>, Status> {
     })
 }
 
+/// kubelet learns how full the image filesystem is by statting the snapshotter's root (containerd
+/// exports it as vial's image filesystem); a node cache on another filesystem fills unseen.
+fn warn_if_cache_elsewhere(options: &SnapshotterOptions) {
+    use std::os::unix::fs::MetadataExt;
+    let cache = &options.mount.cache_dir;
+    let _ = std::fs::create_dir_all(cache);
+    let device = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    if let (Some(root), Some(cache_dev)) = (device(&options.root), device(cache)) {
+        if root != cache_dev {
+            tracing::warn!(
+                root = %options.root.display(),
+                cache_dir = %cache.display(),
+                "the node cache is not on the filesystem of the snapshotter's root, the one kubelet \
+                 watches: its image garbage collection and eviction will not see the cache fill"
+            );
+        }
+    }
+}
+
 /// Bytes and inodes under `path` (not following links, not crossing into other filesystems).
 fn disk_usage(path: &Path) -> Usage {
     use std::os::unix::fs::MetadataExt;
@@ -441,16 +481,30 @@ impl containerd_snapshots::Snapshotter for VialSnapshotter {
     }
 
     async fn usage(&self, key: String) -> Result<Usage, Status> {
-        let (path, remote) = {
+        let (path, id, remote) = {
             let store = self.store.lock().await;
             let snap = store
                 .get(&key)
                 .ok_or_else(|| Status::not_found(format!("snapshot {key:?} does not exist")))?;
-            (store.dir(snap.id).join("fs"), snap.remote.is_some())
+            (
+                store.dir(snap.id).join("fs"),
+                snap.id,
+                snap.remote.is_some(),
+            )
         };
         if remote {
-            // A volume takes no space of its own: its chunks live in the shared node cache.
-            return Ok(Usage::default());
+            // What a volume holds on the node is its chunks in the node cache, fetched as they
+            // were read (a chunk two volumes share counts in both).
+            let (chunks, bytes) = self
+                .mounts
+                .lock()
+                .ok()
+                .and_then(|m| m.get(&id).map(|v| v.mounted.cache().held(&v.chunks)))
+                .unwrap_or_default();
+            return Ok(Usage {
+                size: bytes as i64,
+                inodes: chunks as i64,
+            });
         }
         tokio::task::spawn_blocking(move || disk_usage(&path))
             .await
@@ -549,17 +603,30 @@ impl containerd_snapshots::Snapshotter for VialSnapshotter {
         };
         if let Some(remote) = &snap.remote {
             tracing::info!(key, reference = %remote.reference, "volume snapshot removed; unmounting");
-            if let Some(mut mounted) = self.take_mount(snap.id) {
+            if let Some(Volume {
+                mut mounted,
+                chunks,
+            }) = self.take_mount(snap.id)
+            {
+                let in_use = self.chunks_in_use();
                 // Unmounting waits for the FUSE session: off the async threads.
-                tokio::task::spawn_blocking(move || {
+                let (files, bytes) = tokio::task::spawn_blocking(move || {
                     // Detached even if a container still has files open: the volume goes away
                     // when the last one is closed.
                     mounted.unmount();
                     mounted.close();
+                    // Removing an image is how kubelet's image garbage collection frees disk:
+                    // the chunks no other mounted volume uses leave the node cache now.
+                    mounted.cache().discard(chunks.difference(&in_use))
                 })
                 .await
                 .map_err(|e| internal("unmounting a volume", e))?;
-                tracing::info!(key, "volume unmounted");
+                tracing::info!(
+                    key,
+                    chunks = files,
+                    bytes,
+                    "volume unmounted; its chunks released from the node cache"
+                );
             }
         }
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
