@@ -49,7 +49,7 @@ pub struct ContainerdArgs {
     #[arg(long)]
     pub keep: bool,
     /// Also pull both through the CRI plugin of containerd 2.x (kubelet's path), from this
-    /// directory of its binaries (`scripts/fetch-containerd2` puts them in .ci/tools/containerd2/bin).
+    /// directory of its binaries (`scripts/fetch-unstable` puts them in .ci/tools/containerd2/bin).
     #[arg(long, value_name = "BIN_DIR")]
     pub cri: Option<PathBuf>,
 }

@@ -20,7 +20,7 @@ pub struct CriNode {
 }
 
 impl CriNode {
-    /// `bin` holds containerd 2.x and its runc shim (`scripts/fetch-containerd2`); images come
+    /// `bin` holds containerd 2.x and its runc shim (`scripts/fetch-unstable`); images come
     /// from `registry` over plain HTTP.
     pub fn start(
         vial: &Path,

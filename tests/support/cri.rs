@@ -1,6 +1,6 @@
 //! containerd 2.x with its CRI plugin on, driven the way kubelet drives it (the CRI v1 gRPC API,
 //! through the `k8s-cri` crate), with vial's snapshotter as the image snapshotter. containerd 2.x
-//! comes from Debian's unstable suite, unpacked into .ci/tools by `scripts/fetch-containerd2`;
+//! comes from Debian's unstable suite, unpacked into .ci/tools by `scripts/fetch-unstable`;
 //! its containers run with Debian 12's runc.
 
 use std::path::{Path, PathBuf};
@@ -23,10 +23,10 @@ pub fn containerd2_dir() -> Option<PathBuf> {
     }
     assert!(
         !require_all(),
-        "containerd 2.x is required (VIAL_TEST_REQUIRE_ALL=1) but {} is missing: run scripts/fetch-containerd2",
+        "containerd 2.x is required (VIAL_TEST_REQUIRE_ALL=1) but {} is missing: run scripts/fetch-unstable",
         dir.display()
     );
-    eprintln!("SKIP: containerd 2.x not in .ci/tools (scripts/fetch-containerd2)");
+    eprintln!("SKIP: containerd 2.x not in .ci/tools (scripts/fetch-unstable)");
     None
 }
 
@@ -40,7 +40,8 @@ pub fn containerd_block(address: &Path, root: &Path) -> String {
         .arg(root))
 }
 
-fn wait_for(path: &Path, what: &str) {
+/// Waits (at most 30 s) until `what` has created `path`, a socket or a file.
+pub fn wait_for(path: &Path, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !path.exists() {
         assert!(
