@@ -25,6 +25,7 @@ mod gc;
 mod hardening;
 mod hostile;
 mod install;
+mod kubernetes;
 mod lifecycle;
 mod mount;
 mod oras;
