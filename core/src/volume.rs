@@ -792,18 +792,28 @@ pub fn build_layout_for(tree: &Tree, subject: Option<Descriptor>) -> Layout {
             Blob::new(serde_json::to_vec(&m).unwrap_or_default())
         })
         .collect();
-    let mut manifests = vec![descriptor(
+    // The tree and the parts carry a platform no machine has, as attestation manifests do: a
+    // client that pulls one platform of an index (containerd's transfer service, nerdctl) skips
+    // them, where it would fetch every entry without a platform, and with them every chunk
+    // (docs/format.md, "The volume as an image").
+    let no_platform = |mut d: Descriptor| {
+        d.platform = Some(serde_json::json!({ "architecture": "unknown", "os": "unknown" }));
+        d
+    };
+    let mut manifests = vec![no_platform(descriptor(
         media::OCI_MANIFEST,
         &tree_manifest,
         Some(TREE_ARTIFACT_TYPE),
-    )];
-    manifests.extend(
-        parts
-            .iter()
-            .map(|p| descriptor(media::OCI_MANIFEST, p, Some(CHUNKS_ARTIFACT_TYPE))),
-    );
-    // Last, with platforms: containerd picks the manifest for its platform from an index and, with
-    // the parts listed without one, takes only that (docs/format.md, "The volume as an image").
+    ))];
+    manifests.extend(parts.iter().map(|p| {
+        no_platform(descriptor(
+            media::OCI_MANIFEST,
+            p,
+            Some(CHUNKS_ARTIFACT_TYPE),
+        ))
+    }));
+    // Last, the image-shaped manifests, each for its platform: containerd picks the one for its
+    // own and takes only that.
     manifests.extend(IMAGE_PLATFORMS.iter().zip(&images).map(|(arch, image)| {
         let mut d = descriptor(media::OCI_MANIFEST, image, Some(IMAGE_ARTIFACT_TYPE));
         d.platform = Some(serde_json::json!({ "architecture": arch, "os": "linux" }));

@@ -337,6 +337,34 @@ fn a_one_tib_volume_of_100k_files_keeps_every_manifest_under_4_mib() {
 }
 
 #[test]
+fn the_tree_and_parts_carry_a_platform_no_machine_matches_so_one_platform_pulls_skip_them() {
+    let tree = sample(&[0, 1, 2]);
+    let layout = build_layout(&tree);
+    let index: serde_json::Value = serde_json::from_slice(&layout.index.bytes).unwrap();
+    let entries = index["manifests"].as_array().unwrap();
+    let others: Vec<&serde_json::Value> = entries
+        .iter()
+        .filter(|d| d["artifactType"] != IMAGE_ARTIFACT_TYPE)
+        .collect();
+    assert_eq!(
+        others.len(),
+        1 + layout.parts.len(),
+        "the tree and every part"
+    );
+    for d in others {
+        assert_eq!(
+            d["platform"],
+            serde_json::json!({"architecture": "unknown", "os": "unknown"}),
+            "{d}"
+        );
+    }
+    // Readers find them by artifactType, as before.
+    let parsed = VolumeIndex::parse(&layout.index.bytes).unwrap();
+    assert_eq!(parsed.parts.len(), layout.parts.len());
+    assert_eq!(parsed.tree_manifest.digest, layout.tree_manifest.digest);
+}
+
+#[test]
 fn a_volume_also_presents_itself_as_a_one_layer_image_per_platform() {
     let tree = sample(&[0, 1, 2]);
     let layout = build_layout(&tree);
