@@ -48,6 +48,27 @@ fn snapshot_usage(cri: &Cri, key: &str) -> f64 {
     fields[1].parse::<f64>().unwrap() * unit
 }
 
+/// Waits until the volume whose tree is `tree` is released after its image was removed: its
+/// snapshot gone from `namespace` and vial's mount of it gone (and `also` true). containerd
+/// removes an image's snapshots in the garbage collection that follows the removal: this waits
+/// for the state, not for a time.
+fn wait_until_released(cri: &Cri, namespace: &str, tree: &str, also: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let snapshots = cri.ctr_ok_in(namespace, &["snapshots", "--snapshotter", "vial", "ls"]);
+        let mounts = volume_mounts(&cri.snapshotter_root);
+        if !snapshots.contains(tree) && mounts.is_empty() && also() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the volume is still there after its image was removed: {snapshots}\n{mounts:?}\n{}",
+            cri.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
 /// FUSE mounts of vial volumes under `root`.
 fn volume_mounts(root: &Path) -> Vec<String> {
     let prefix = root.display().to_string();
@@ -375,26 +396,10 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
         })
         .await
         .unwrap();
-        // containerd removes an image's snapshots in its garbage collection, which follows the
-        // removal: wait for the state, not for a time.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let snapshots = cri.ctr_ok(&["snapshots", "--snapshotter", "vial", "ls"]);
-            if !snapshots.contains(&tree)
-                && volume_mounts(&cri.snapshotter_root).is_empty()
-                && lease_holders(&server, &pinned).is_empty()
-            {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the volume is still there after RemoveImage: {snapshots}\n{:?}\nleases: {:?}\n{}",
-                volume_mounts(&cri.snapshotter_root),
-                lease_holders(&server, &pinned),
-                cri.log()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
+        // The lease goes with the mount.
+        wait_until_released(&cri, "k8s.io", &tree, || {
+            lease_holders(&server, &pinned).is_empty()
+        });
         // Removing the image (as kubelet's image garbage collection does) released the volume's
         // chunks from the node cache: the disk is free again.
         let cached = du(&cri.cache);
@@ -407,21 +412,93 @@ fn a_volume_mounts_lazily_as_a_kubernetes_image_volume_on_containerd_2() {
     vial_ok(&home, &["rm", &volume]);
 }
 
+/// Pushes a volume of a small `config.json` and a `weights.bin` of `len` pseudo-random bytes as
+/// `REPO:v1` (the files under `dir/model`); returns its reference.
+fn push_weights(server: &Server, dir: &Path, repo: &str, len: usize) -> String {
+    let src = dir.join("model");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("config.json"), br#"{"hidden_size": 64}"#).unwrap();
+    std::fs::write(src.join("weights.bin"), pseudo_random(len, len as u64)).unwrap();
+    let target = format!("{}/{repo}", server.addr);
+    push_json(&dir.join("home"), &src, &target, &["--tag", "v1"]);
+    format!("{target}:v1")
+}
+
+/// Bytes in containerd's content store: what a pull downloaded.
+fn content_store(cri: &Cri) -> u64 {
+    du(&cri.dir.path().join("root/io.containerd.content.v1.content"))
+}
+
+#[test]
+fn a_volume_pulled_through_containerds_transfer_service_stays_lazy_beside_an_ordinary_image() {
+    let Some(skopeo) = peer("skopeo") else { return };
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let volume = push_weights(&server, dir.path(), "weights/transfer", 24 << 20);
+    let tree = tree_layer(&server, "weights/transfer", "v1");
+    let app = format!("{}/images/busybox:1", server.addr);
+    if push_busybox(&skopeo, dir.path(), &app, &["/bin/busybox", "true"]).is_none() {
+        return;
+    }
+    let Some(cri) = Cri::start("vial", &server.addr, &app) else {
+        return;
+    };
+
+    // `ctr images pull` on containerd 2.x goes through the transfer service, as nerdctl does (in a
+    // namespace of its own, as nerdctl's: the CRI's keeps extra records of every image).
+    let pull = ["images", "pull", "--plain-http", "--snapshotter", "vial"];
+    cri.ctr_ok_in("default", &[&pull[..], &[&volume]].concat());
+    let stored = content_store(&cri);
+    assert!(
+        stored < 1 << 20,
+        "containerd's content store holds {stored} bytes after a transfer-service pull of a 24 MiB \
+         volume: it downloaded the volume\n{}",
+        cri.log()
+    );
+    assert_eq!(
+        volume_mounts(&cri.snapshotter_root).len(),
+        1,
+        "the volume is mounted\n{}",
+        cri.log()
+    );
+    let cached = du(&cri.cache);
+    assert!(
+        cached < 1 << 20,
+        "the pull fetched {cached} bytes: not lazy"
+    );
+    let snapshots = cri.ctr_ok_in("default", &["snapshots", "--snapshotter", "vial", "ls"]);
+    assert!(snapshots.contains(&tree), "{snapshots}");
+
+    // An ordinary image pulled the same way still unpacks through vial, and runs.
+    cri.ctr_ok_in("default", &[&pull[..], &[&app]].concat());
+    let said = cri.ctr_ok_in(
+        "default",
+        &[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "vial",
+            "--net-host",
+            &app,
+            "transfer-check",
+            "/bin/busybox",
+            "echo",
+            "unpacked",
+        ],
+    );
+    assert_eq!(said.trim(), "unpacked");
+
+    // Removing the volume's image unmounts it and drops its snapshot.
+    cri.ctr_ok_in("default", &["images", "rm", "--sync", &volume]);
+    wait_until_released(&cri, "default", &tree, || true);
+}
+
 #[test]
 fn a_node_without_the_vial_snapshotter_refuses_a_volume_and_unpacks_nothing() {
     let Some(skopeo) = peer("skopeo") else { return };
     let server = Server::start();
     let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let src = dir.path().join("model");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("weights.bin"), pseudo_random(3 << 20, 9)).unwrap();
-    push_json(
-        &home,
-        &src,
-        &format!("{}/weights/plain", server.addr),
-        &["--tag", "v1"],
-    );
+    let volume = push_weights(&server, dir.path(), "weights/plain", 3 << 20);
     let pause = format!("{}/k8s/pause:1", server.addr);
     if push_busybox(
         &skopeo,
@@ -441,7 +518,7 @@ fn a_node_without_the_vial_snapshotter_refuses_a_volume_and_unpacks_nothing() {
         let (_, mut im) = cri.clients().await;
         im.pull_image(PullImageRequest {
             image: Some(ImageSpec {
-                image: format!("{}/weights/plain:v1", server.addr),
+                image: volume.clone(),
                 ..Default::default()
             }),
             ..Default::default()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use vial_snapshotter::containerd::config::proxy_plugin_block;
+use vial_snapshotter::containerd::config::containerd_block;
 use vial_snapshotter::containerd::pull::{host_architecture, pull, PullOptions};
 use vial_snapshotter::containerd::{serve, SnapshotterOptions, VialSnapshotter};
 use vial_snapshotter::{MountOptions, Prefetch};
@@ -15,7 +15,7 @@ use crate::mount::{default_cache_dir, parse_size};
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "containerd's config (version 2, or version 3 for containerd 2.x) needs the block\n`vial snapshotter --print-containerd-config` prints for the same --address and --root:\n  [proxy_plugins]\n    [proxy_plugins.vial]\n      type = \"snapshot\"\n      address = \"/run/vial/snapshotter.sock\"\n      [proxy_plugins.vial.exports]\n        root = \"/var/lib/vial/snapshotter\"\n        enable_remote_snapshot_annotations = \"true\"\nThe exports (containerd 2.x) give kubelet an image filesystem it can stat and nerdctl's pulls\nthe labels of a volume's layers.\nFor Kubernetes on containerd 2.x, also [plugins.'io.containerd.cri.v1.images'] snapshotter = \"vial\" and\ndisable_snapshot_annotations = false (docs/containerd.md).\n\nThen pull volumes with `vial containerd pull REF` (nothing is downloaded: the volume is mounted\nlazily when containerd unpacks it) and run containers with `ctr run --snapshotter vial`. Ordinary\nimages work through it too (overlayfs). Mounts share the node chunk cache with `vial mount`.\nOn SIGTERM the volumes are unmounted; their snapshots stay and are mounted again at the next start."
+    after_help = "containerd's config (version 2, or version 3 for containerd 2.x) needs the block\n`vial snapshotter --print-containerd-config` prints for the same --address and --root:\n  [proxy_plugins]\n    [proxy_plugins.vial]\n      type = \"snapshot\"\n      address = \"/run/vial/snapshotter.sock\"\n      [proxy_plugins.vial.exports]\n        root = \"/var/lib/vial/snapshotter\"\n        enable_remote_snapshot_annotations = \"true\"\n  [[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]  (for vial, then overlayfs)\nThe exports (containerd 2.x) give kubelet an image filesystem it can stat and nerdctl's pulls\nthe labels of a volume's layers; the unpack_config entries let containerd 2.x's transfer service\n(`ctr images pull`, nerdctl) unpack with vial.\nFor Kubernetes on containerd 2.x, also [plugins.'io.containerd.cri.v1.images'] snapshotter = \"vial\" and\ndisable_snapshot_annotations = false (docs/containerd.md).\n\nThen pull volumes with `vial containerd pull REF` (nothing is downloaded: the volume is mounted\nlazily when containerd unpacks it) and run containers with `ctr run --snapshotter vial`. Ordinary\nimages work through it too (overlayfs). Mounts share the node chunk cache with `vial mount`.\nOn SIGTERM the volumes are unmounted; their snapshots stay and are mounted again at the next start."
 )]
 pub struct SnapshotterArgs {
     /// The unix socket containerd's proxy plugin dials.
@@ -85,7 +85,7 @@ pub fn run_snapshotter(args: SnapshotterArgs) -> anyhow::Result<()> {
         // containerd resolves neither path against the snapshotter's directory.
         let address = std::path::absolute(&args.address).context("the --address path")?;
         let root = std::path::absolute(&args.root).context("the --root path")?;
-        print!("{}", proxy_plugin_block(&address, &root));
+        print!("{}", containerd_block(&address, &root));
         return Ok(());
     }
     let options = SnapshotterOptions {

@@ -51,8 +51,8 @@ impl Containerd {
         std::fs::write(
             &config,
             format!(
-                // The block users are told to write: containerd 1.6 reads its type and
-                // address and ignores the exports.
+                // The block users are told to append: containerd 1.6 reads the proxy plugin's
+                // type and address, and ignores its exports and the transfer service's table.
                 "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[grpc]\n  address = \"{sock}\"\n{plugin}",
                 root = d.join("root").display(),
                 state = d.join("state").display(),

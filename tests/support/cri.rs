@@ -93,7 +93,8 @@ impl Cri {
             ),
         )
         .unwrap();
-        // The version-3 form containerd 2.x reads (docs/containerd.md explains each key).
+        // The version-3 form containerd 2.x reads (docs/containerd.md explains each key), with
+        // vial's block appended, as users are told to append it.
         let config = format!(
             r#"version = 3
 root = "{root}"
@@ -102,7 +103,7 @@ state = "{state}"
   address = "{sock}"
 [ttrpc]
   address = "{sock}.ttrpc"
-{plugin}[plugins]
+[plugins]
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = "{snapshotter}"
     disable_snapshot_annotations = false
@@ -128,7 +129,7 @@ state = "{state}"
     path = "{d}/opt"
   [plugins.'io.containerd.nri.v1.nri']
     disable = true
-"#,
+{plugin}"#,
             root = d.join("root").display(),
             state = d.join("state").display(),
             sock = socket.display(),
@@ -223,10 +224,16 @@ state = "{state}"
 
     /// `ctr` 2.x against this containerd, in CRI's namespace.
     pub fn ctr(&self, args: &[&str]) -> std::process::Output {
+        self.ctr_in("k8s.io", args)
+    }
+
+    /// `ctr ARGS` in a containerd namespace of its own (`k8s.io` is the CRI's, where the CRI
+    /// keeps its own records of every image).
+    pub fn ctr_in(&self, namespace: &str, args: &[&str]) -> std::process::Output {
         Command::new(self.bin.join("ctr"))
             .arg("--address")
             .arg(&self.socket)
-            .args(["--namespace", "k8s.io"])
+            .args(["--namespace", namespace])
             .args(args)
             .output()
             .expect("run ctr")
@@ -235,7 +242,12 @@ state = "{state}"
     /// `ctr ARGS`, failing the test with its stderr and the logs if it fails; returns stdout. A
     /// failed `ctr` lists nothing, which must never read as "nothing is there".
     pub fn ctr_ok(&self, args: &[&str]) -> String {
-        let out = self.ctr(args);
+        self.ctr_ok_in("k8s.io", args)
+    }
+
+    /// [`Cri::ctr_ok`] in another namespace.
+    pub fn ctr_ok_in(&self, namespace: &str, args: &[&str]) -> String {
+        let out = self.ctr_in(namespace, args);
         assert!(
             out.status.success(),
             "ctr {args:?} failed: {}\n{}\n{}",

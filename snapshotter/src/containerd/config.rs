@@ -1,13 +1,15 @@
 //! The block of containerd's configuration that plugs `vial snapshotter` in, written once: `vial
 //! snapshotter --print-containerd-config` prints it for the flags it was given, docs/containerd.md
-//! shows it, and the CRI tests run containerd with it.
+//! shows it, the Kubernetes manifests install it, and the containerd tests run containerd with it.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-/// The `[proxy_plugins.vial]` block for a snapshotter listening on `address` with its snapshots
-/// under `root`, for containerd 2.x (a configuration of version 2 or 3). Its exports are what
-/// other parts of a node read of the plugin:
+/// What containerd's configuration (version 2 or 3) needs for a snapshotter listening on `address`
+/// with its snapshots under `root`: the `[proxy_plugins.vial]` block, and the transfer service's
+/// unpack configuration.
+///
+/// The proxy plugin's exports are what other parts of a node read of the plugin:
 /// - `root`: the filesystem the CRI reports as vial's image filesystem (`ImageFsInfo`), which
 ///   kubelet's eviction manager and image garbage collection stat; without it containerd names
 ///   `<containerd root>/io.containerd.snapshotter.v1.vial`, which does not exist.
@@ -15,7 +17,12 @@ use std::path::Path;
 ///   pull` on 2.x) hands the snapshotter the labels that say a layer is a vial volume's.
 ///
 /// containerd 1.x reads `type` and `address` and ignores the exports.
-pub fn proxy_plugin_block(address: &Path, root: &Path) -> String {
+///
+/// containerd 2.x pulls for `ctr images pull` and nerdctl through its transfer service, which
+/// unpacks only with the snapshotters its `unpack_config` lists ("no unpack platforms defined"
+/// otherwise). The list replaces containerd's default, so overlayfs is listed beside vial.
+/// containerd 1.6 has no transfer service and ignores it.
+pub fn containerd_block(address: &Path, root: &Path) -> String {
     let mut block = String::new();
     let _ = writeln!(block, "[proxy_plugins]");
     let _ = writeln!(block, "  [proxy_plugins.vial]");
@@ -24,8 +31,15 @@ pub fn proxy_plugin_block(address: &Path, root: &Path) -> String {
     let _ = writeln!(block, "    [proxy_plugins.vial.exports]");
     let _ = writeln!(block, "      root = {}", toml_string(root));
     let _ = writeln!(block, "      enable_remote_snapshot_annotations = \"true\"");
+    for snapshotter in ["vial", "overlayfs"] {
+        let _ = writeln!(block, "{UNPACK_CONFIG}");
+        let _ = writeln!(block, "  platform = \"linux\"");
+        let _ = writeln!(block, "  snapshotter = \"{snapshotter}\"");
+    }
     block
 }
+
+const UNPACK_CONFIG: &str = "[[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]";
 
 /// A TOML basic string holding `path`.
 fn toml_string(path: &Path) -> String {
@@ -49,8 +63,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_block_names_the_socket_and_exports_the_root() {
-        let block = proxy_plugin_block(
+    fn the_block_names_the_socket_exports_the_root_and_unpacks_transfers_with_vial() {
+        let block = containerd_block(
             Path::new("/run/vial/snapshotter.sock"),
             Path::new("/var/lib/vial/snap\"shots"),
         );
@@ -59,7 +73,11 @@ mod tests {
             "[proxy_plugins]\n  [proxy_plugins.vial]\n    type = \"snapshot\"\n    \
              address = \"/run/vial/snapshotter.sock\"\n    [proxy_plugins.vial.exports]\n      \
              root = \"/var/lib/vial/snap\\\"shots\"\n      \
-             enable_remote_snapshot_annotations = \"true\"\n"
+             enable_remote_snapshot_annotations = \"true\"\n\
+             [[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  \
+             platform = \"linux\"\n  snapshotter = \"vial\"\n\
+             [[plugins.\"io.containerd.transfer.v1.local\".unpack_config]]\n  \
+             platform = \"linux\"\n  snapshotter = \"overlayfs\"\n"
         );
     }
 }
