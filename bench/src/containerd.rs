@@ -102,7 +102,7 @@ pub(crate) fn write_random(path: &Path, len: u64, seed: u64) -> Result<()> {
     Ok(())
 }
 
-fn run(cmd: &mut Command) -> Result<String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("cannot run {cmd:?}"))?;
@@ -232,15 +232,16 @@ async fn push_tar_image(server: &Server, repo: &str, root: &Path, files: &[Strin
 }
 
 /// containerd with vial's snapshotter, in `dir`; both killed on drop.
-struct Node {
+/// containerd 1.6 (Debian's) with vial's snapshotter as a proxy plugin; killed on drop.
+pub(crate) struct Node {
     dir: PathBuf,
-    socket: PathBuf,
+    pub(crate) socket: PathBuf,
     containerd: Child,
     snapshotter: Child,
 }
 
 impl Node {
-    fn start(vial: &Path, dir: &Path) -> Result<Node> {
+    pub(crate) fn start(vial: &Path, dir: &Path) -> Result<Node> {
         std::fs::create_dir_all(dir)?;
         let socket = dir.join("containerd.sock");
         let vial_socket = dir.join("vial.sock");

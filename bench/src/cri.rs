@@ -15,6 +15,8 @@ use tonic::transport::{Endpoint, Uri};
 pub struct CriNode {
     pub dir: PathBuf,
     socket: PathBuf,
+    /// containerd 2.x's binaries.
+    bin: PathBuf,
     containerd: Child,
     snapshotter: Option<Child>,
 }
@@ -39,6 +41,7 @@ impl CriNode {
         let mut node = CriNode {
             dir: dir.to_owned(),
             socket: socket.clone(),
+            bin: bin.to_owned(),
             containerd: Command::new("true").spawn()?,
             snapshotter: None,
         };
@@ -61,18 +64,24 @@ impl CriNode {
             );
             wait_for(&vial_socket)?;
         }
+        // vial's block last, as `vial snapshotter --print-containerd-config` prints it.
+        let block = crate::containerd::run(
+            Command::new(vial)
+                .args(["snapshotter", "--print-containerd-config", "--address"])
+                .arg(&vial_socket)
+                .arg("--root")
+                .arg(dir.join("vial-root")),
+        )?;
         let config = format!(
             "version = 3\nroot = \"{root}\"\nstate = \"{state}\"\n[grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n\
-             [proxy_plugins]\n  [proxy_plugins.vial]\n    type = \"snapshot\"\n    address = \"{vial}\"\n\
              [plugins]\n  [plugins.'io.containerd.cri.v1.images']\n    snapshotter = \"{snapshotter}\"\n    disable_snapshot_annotations = false\n    use_local_image_pull = true\n\
              \x20   [plugins.'io.containerd.cri.v1.images'.registry]\n      config_path = \"{certs}\"\n\
              \x20 [plugins.'io.containerd.cri.v1.runtime']\n    restrict_oom_score_adj = true\n\
              \x20 [plugins.'io.containerd.grpc.v1.cri']\n    stream_server_address = \"127.0.0.1\"\n    stream_server_port = \"0\"\n\
-             \x20 [plugins.'io.containerd.internal.v1.opt']\n    path = \"{d}/opt\"\n  [plugins.'io.containerd.nri.v1.nri']\n    disable = true\n",
+             \x20 [plugins.'io.containerd.internal.v1.opt']\n    path = \"{d}/opt\"\n  [plugins.'io.containerd.nri.v1.nri']\n    disable = true\n{block}",
             root = dir.join("root").display(),
             state = dir.join("state").display(),
             sock = socket.display(),
-            vial = vial_socket.display(),
             certs = dir.join("certs.d").display(),
             d = dir.display(),
         );
@@ -128,6 +137,17 @@ impl CriNode {
                 Err(e) => bail!("CRI PullImage of {image}: {}", e.message()),
             }
         }
+    }
+
+    /// `ctr ARGS` against this node (containerd 2.x's `ctr`, which pulls through the transfer
+    /// service unless given `--local`).
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        crate::containerd::run(
+            Command::new(self.bin.join("ctr"))
+                .arg("--address")
+                .arg(&self.socket)
+                .args(args),
+        )
     }
 
     /// Where the vial snapshotter mounted the (only) volume.

@@ -9,6 +9,7 @@ mod blobs;
 mod ceiling;
 mod checkpoint;
 mod containerd;
+mod content;
 mod cri;
 mod data;
 mod files;
@@ -52,6 +53,9 @@ enum Command {
     /// containerd: pull to the first byte of a file, a volume through `vial snapshotter` against
     /// the same files baked into an image layer on overlayfs.
     Containerd(containerd::ContainerdArgs),
+    /// containerd: what a pull of a volume leaves in the content store, by pull path (1.6, and
+    /// 2.x's CRI, transfer service and client-side pull).
+    ContentStore(content::ContentArgs),
     /// Is vial at least as fast as shipping the files? Push, pull and a full read through a mount
     /// against skopeo, the ORAS Python SDK and a file-per-layer client, per backend.
     Files(files::FilesArgs),
@@ -86,6 +90,7 @@ fn main() -> Result<()> {
                 Command::Mount(args) => mount::mount(args).await,
                 Command::Backends(args) => backends::backends(args).await,
                 Command::Containerd(args) => containerd::containerd(args).await,
+                Command::ContentStore(args) => content::content_store_bench(args).await,
                 Command::Files(args) => files::files(args).await,
                 Command::Tree(args) => tree::tree(args).await,
                 Command::Scale(args) => scale::scale(args).await,
