@@ -27,6 +27,10 @@ const PARALLEL_JOBS: usize = 2;
 /// Attempts before a job that keeps failing transiently is given up.
 const MAX_ATTEMPTS: i64 = 5;
 
+/// How long a shutdown waits for the blocking reads of the jobs it handed back: each stops at its
+/// next read, which takes no longer than one network read.
+const READERS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs jobs until `stop` turns true; a job running then is handed back for another attempt.
 /// Up to [`PARALLEL_JOBS`] run at once, so a long sync does not hold up the seals queued behind it.
 pub async fn run(service: Arc<Service>, mut stop: watch::Receiver<bool>) {
@@ -65,8 +69,17 @@ pub async fn run(service: Arc<Service>, mut stop: watch::Receiver<bool>) {
         // Reap finished tasks so the set does not grow.
         while running.try_join_next().is_some() {}
     }
-    // Every running job sees the stop too and hands itself back.
+    // Every running job sees the stop too and hands itself back. A read it ran on a blocking
+    // thread fails at its next call; wait for those, so none is left reading while the runtime
+    // shuts down.
     while running.join_next().await.is_some() {}
+    let readers = &service.jobs.readers;
+    if !readers.done(READERS_GRACE).await {
+        tracing::warn!(
+            readers = readers.live(),
+            "blocking reads of handed-back jobs still under way at shutdown"
+        );
+    }
 }
 
 async fn run_one(service: &Arc<Service>, job: Job, stop: &mut watch::Receiver<bool>) {

@@ -25,6 +25,7 @@ use vial_core::volume::{build_layout_for, ChunkRef, ChunkingInfo, TreeBuilder};
 use vial_core::{media, Digest, RepoName, Target};
 use vial_oras_compat::{recognize, safe_path, Packing};
 
+use crate::service::blocking::abandonable;
 use crate::service::publish::{commit_layout, Publish};
 use crate::service::Service;
 use crate::storage::{Presence, RangeChunk, Source, StorageError};
@@ -202,6 +203,8 @@ pub(crate) async fn chunk_and_store(
     let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(STORE_QUEUE);
     let storer = store_chunks(Arc::clone(service), repo.clone(), rx);
     let name = path.to_owned();
+    // Stops the blocking read if this future is dropped (a shutdown hands the job back).
+    let (reader, _abandon) = abandonable(&service.jobs.readers, SyncIoBridge::new(reader));
     let reader = tokio::task::spawn_blocking(move || {
         let mut r = LayerReader {
             cutter: Cutter::new(DEFAULT_PARAMS),
@@ -213,7 +216,7 @@ pub(crate) async fn chunk_and_store(
             store: Some(tx),
             out: LayerFiles::default(),
         };
-        r.file(&name, 0o644, size, 0, SyncIoBridge::new(reader))?;
+        r.file(&name, 0o644, size, 0, reader)?;
         match r.out.entries.pop() {
             Some(SealedEntry::File { chunks, .. }) => Ok(chunks),
             _ => Err(std::io::Error::other("the chunker produced no file")),
@@ -281,8 +284,12 @@ async fn read_layer(
     let storer = store_chunks(Arc::clone(service), repo.clone(), rx);
     let path = path.to_owned();
     let layer_digest = digest.clone();
+    // Stops the blocking read if this future is dropped (a shutdown hands the job back).
+    let (reader, _abandon) = abandonable(
+        &service.jobs.readers,
+        SyncIoBridge::new(StreamReader::new(stream)),
+    );
     let reader = tokio::task::spawn_blocking(move || {
-        let reader = SyncIoBridge::new(StreamReader::new(stream));
         let mut r = LayerReader {
             cutter: Cutter::new(DEFAULT_PARAMS),
             window: None,

@@ -33,6 +33,7 @@
 //!   (docs/gc.md argues why that is safe beside live pushes).
 
 mod blobs;
+pub(crate) mod blocking;
 pub mod gc;
 pub(crate) mod publish;
 mod sessions;
@@ -146,6 +147,8 @@ impl Service {
 pub struct JobQueue {
     pub(crate) wake: Notify,
     pub(crate) finished: Notify,
+    /// Reads jobs run on blocking threads: a shutdown stops them and waits for them.
+    pub(crate) readers: Arc<blocking::Readers>,
 }
 
 impl JobQueue {
