@@ -13,22 +13,7 @@ use crate::support::cri::Cri;
 use crate::support::model::{bert_like, write_safetensors};
 use crate::support::oci::{pseudo_random, write_image_layout_running};
 use crate::support::vial::{lease_holders, push_json, vial, vial_ok};
-use crate::support::{peer, run, Server};
-
-/// Bytes under `dir`, recursively: what the node cache holds.
-fn du(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => du(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
-}
+use crate::support::{du, peer, run, Server};
 
 /// The bytes `ctr snapshots usage` reports for snapshot `key` (it prints them as "25.3 MiB").
 fn snapshot_usage(cri: &Cri, key: &str) -> f64 {

@@ -7,7 +7,7 @@ use std::process::Output;
 
 use crate::support::oci::pseudo_random;
 use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
-use crate::support::{backend, Server};
+use crate::support::{backend, du, Server};
 
 const GC_NOW: [&str; 6] = [
     "--retention",
@@ -18,21 +18,29 @@ const GC_NOW: [&str; 6] = [
     "0s",
 ];
 
+/// A manifest or index of `repo`, as JSON.
+fn manifest(server: &Server, repo: &str, digest: &str) -> serde_json::Value {
+    reqwest::blocking::Client::new()
+        .get(format!("{}/v2/{repo}/manifests/{digest}", server.url()))
+        .header(
+            "accept",
+            "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json",
+        )
+        .send()
+        .unwrap()
+        .json()
+        .unwrap()
+}
+
 /// Every blob (digest → size) a version's manifests reference: the index's children's config
 /// and layers.
 fn version_blobs(server: &Server, repo: &str, digest: &str) -> HashMap<String, u64> {
-    let http = reqwest::blocking::Client::new();
-    let get = |d: &str| -> serde_json::Value {
-        http.get(format!("{}/v2/{repo}/manifests/{d}", server.url()))
-            .header("accept", "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json")
-            .send()
-            .unwrap()
-            .json()
-            .unwrap()
-    };
     let mut out = HashMap::new();
-    for child in get(digest)["manifests"].as_array().unwrap() {
-        let m = get(child["digest"].as_str().unwrap());
+    for child in manifest(server, repo, digest)["manifests"]
+        .as_array()
+        .unwrap()
+    {
+        let m = manifest(server, repo, child["digest"].as_str().unwrap());
         for d in std::iter::once(&m["config"]).chain(m["layers"].as_array().unwrap()) {
             out.insert(
                 d["digest"].as_str().unwrap().to_owned(),
@@ -492,4 +500,105 @@ fn a_pass_runs_as_a_job_that_needs_no_one_waiting() {
         page.contains("every repository") && page.contains(&format!("{} blobs", report["blobs"])),
         "{page}"
     );
+}
+
+/// The chunks (digest → size) of a version: the layers of its part manifests.
+fn version_chunks(server: &Server, repo: &str, digest: &str) -> HashMap<String, u64> {
+    manifest(server, repo, digest)["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["artifactType"] == "application/vnd.vial.chunks.v1")
+        .flat_map(|m| {
+            let part = manifest(server, repo, m["digest"].as_str().unwrap());
+            part["layers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| {
+                    (
+                        l["digest"].as_str().unwrap().to_owned(),
+                        l["size"].as_u64().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A pack keeps its bytes while any chunk in it lives: after a version that shared a pack with
+/// the next one is collected, the dry run says how many dead bytes the packs hold (exactly the
+/// chunks only that version had), before the pass and after it, and the pass leaves what it said.
+#[test]
+fn the_dry_run_counts_the_dead_bytes_packs_keep_and_the_pass_leaves_them_as_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = &dir.path().join("home");
+    let data = dir.path().join("data");
+    let server = Server::start_on(&data, &GC_NOW);
+    let volume = format!("{}/gc/dead", server.addr);
+    // Four files in one pack; the next version rewrites one of them.
+    let src = h.join("src");
+    write_files(&src, &[("a", 1), ("b", 2), ("c", 3), ("d", 4)]);
+    let old = push_json(h, &src, &volume, &[])["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    write_files(&src, &[("d", 5)]);
+    let new = push_json(h, &src, &volume, &["--tag", "kept"])["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let digest = |r: &str| r.rsplit_once('@').unwrap().1.to_owned();
+    let old_chunks = version_chunks(&server, "gc/dead", &digest(&old));
+    let new_chunks = version_chunks(&server, "gc/dead", &digest(&new));
+    let only_old: u64 = old_chunks
+        .iter()
+        .filter(|(d, _)| !new_chunks.contains_key(*d))
+        .map(|(_, size)| size)
+        .sum();
+    assert!(
+        only_old >= 1 << 20,
+        "the rewritten file's chunks: {only_old}"
+    );
+
+    vial_ok(h, &["rm", &old]);
+    let dry = gc(h, &server, true);
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    assert_eq!(
+        n(&dry, "pack_dead_bytes"),
+        0,
+        "every chunk is listed yet: {dry}"
+    );
+    assert_eq!(
+        n(&dry, "pack_dead_bytes_after"),
+        only_old,
+        "the old version's own chunks stay in the pack it shares: {dry}"
+    );
+    assert_eq!(n(&dry, "packs"), 0, "no pack empties: {dry}");
+    let pass = gc(h, &server, false);
+    assert_eq!(pass["blobs"], dry["blobs"], "{pass}");
+    let after = gc(h, &server, true);
+    assert_eq!(
+        n(&after, "pack_bytes"),
+        n(&dry, "pack_bytes_after"),
+        "{after}"
+    );
+    assert_eq!(
+        n(&after, "pack_dead_bytes"),
+        n(&dry, "pack_dead_bytes_after"),
+        "{after}"
+    );
+    // On disk, the packs are the bytes counted.
+    if !backend().1 {
+        let on_disk: u64 = du(&data.join("packs"));
+        assert_eq!(on_disk, n(&after, "pack_bytes"), "{after}");
+    }
+    let text = vial_ok(h, &["gc", &server.addr, "--dry-run"]);
+    assert!(text.contains("chunks nothing references"), "{text}");
+    let back = h.join("back");
+    vial_ok(
+        h,
+        &["pull", &format!("{volume}:kept"), back.to_str().unwrap()],
+    );
+    assert_same_tree(&src, &back);
 }

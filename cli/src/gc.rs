@@ -54,6 +54,16 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
                 count(n("packs"), "pack"),
                 count(n("manifests_purged"), "expired deleted version")
             );
+            if report.get("pack_bytes").is_some() {
+                println!(
+                    "packs hold {}, {} of it chunks nothing references; after the pass {} and {} \
+                     (a pack keeps its bytes until its last chunk goes)",
+                    human_bytes(n("pack_bytes")),
+                    human_bytes(n("pack_dead_bytes")),
+                    human_bytes(n("pack_bytes_after")),
+                    human_bytes(n("pack_dead_bytes_after")),
+                );
+            }
             return Ok(());
         }
         let job = match &args.job {

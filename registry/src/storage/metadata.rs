@@ -452,6 +452,13 @@ pub struct GcEstimate {
     /// Bytes of the blobs with bytes of their own, and of the packs.
     pub bytes: u64,
     pub packs: u64,
+    /// Bytes of the committed packs now, and of them, the bytes no live chunk covers.
+    pub pack_bytes: u64,
+    pub pack_dead_bytes: u64,
+    /// The same once the pass has run: the chunks it collects leave dead bytes in the packs that
+    /// keep a live chunk.
+    pub pack_bytes_after: u64,
+    pub pack_dead_bytes_after: u64,
 }
 
 /// What garbage collection reads and removes (docs/gc.md). Candidates are the blobs and packs that

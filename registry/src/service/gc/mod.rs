@@ -115,6 +115,10 @@ pub async fn collect(
         report.blobs = estimate.blobs;
         report.packs = estimate.packs;
         report.bytes = estimate.bytes;
+        report.pack_bytes = Some(estimate.pack_bytes);
+        report.pack_dead_bytes = Some(estimate.pack_dead_bytes);
+        report.pack_bytes_after = Some(estimate.pack_bytes_after);
+        report.pack_dead_bytes_after = Some(estimate.pack_dead_bytes_after);
     } else {
         report.manifests_purged = super::upkeep::purge_deleted(service).await;
         report.purge_seconds = started.elapsed().as_secs_f64();

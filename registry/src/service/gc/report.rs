@@ -21,6 +21,16 @@ pub struct GcReport {
     pub seconds: f64,
     /// Of `seconds`, the time removing expired deleted versions took.
     pub purge_seconds: f64,
+    /// Dry runs only: bytes in packs, and of them the bytes of chunks nothing references, which
+    /// a pack keeps until its last chunk goes; now, and once the pass has run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pack_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pack_dead_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pack_bytes_after: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pack_dead_bytes_after: Option<u64>,
 }
 
 /// Counters for `/metrics`.

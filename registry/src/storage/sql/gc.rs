@@ -150,7 +150,7 @@ impl SqlMetadataStore {
         touched_before: i64,
         doomed: &str,
         estimate: &mut GcEstimate,
-        freed: &mut HashMap<String, u64>,
+        freed: &mut HashMap<String, (u64, u64)>,
     ) -> Result<(), StorageError> {
         if batch.is_empty() {
             return Ok(());
@@ -179,23 +179,25 @@ impl SqlMetadataStore {
                 estimate.bytes += g.size;
             }
             if let Some(pack) = g.pack {
-                *freed.entry(pack.as_str().to_owned()).or_default() += 1;
+                let (chunks, bytes) = freed.entry(pack.as_str().to_owned()).or_default();
+                *chunks += 1;
+                *bytes += g.size;
             }
         }
         Ok(())
     }
 
     /// Adds to `estimate` the packs of `batch` old enough to collect whose every chunk is among
-    /// those `freed`.
+    /// those `freed` (chunks, bytes per pack); returns their bytes.
     async fn estimate_packs(
         &self,
         batch: &[String],
         created_before: i64,
-        freed: &HashMap<String, u64>,
+        freed: &HashMap<String, (u64, u64)>,
         estimate: &mut GcEstimate,
-    ) -> Result<(), StorageError> {
+    ) -> Result<u64, StorageError> {
         if batch.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let rows = sqlx::query(&format!(
             "SELECT p.id, p.size, (SELECT COUNT(*) FROM blobs b WHERE b.pack_id = p.id) AS live
@@ -206,16 +208,33 @@ impl SqlMetadataStore {
         .bind(created_before)
         .fetch_all(&self.reader)
         .await?;
+        let mut collected = 0;
         for row in &rows {
             let id: String = row.try_get("id")?;
             let size: i64 = row.try_get("size")?;
             let live: i64 = row.try_get("live")?;
-            if live as u64 <= freed.get(&id).copied().unwrap_or(0) {
+            if live as u64 <= freed.get(&id).map_or(0, |f| f.0) {
                 estimate.packs += 1;
                 estimate.bytes += size as u64;
+                collected += size as u64;
             }
         }
-        Ok(())
+        Ok(collected)
+    }
+
+    /// The bytes of the committed packs, and of the chunks that live in them.
+    async fn pack_bytes(&self) -> Result<(u64, u64), StorageError> {
+        let stored: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM packs WHERE committed",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        let live: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM blobs WHERE pack_id IS NOT NULL",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok((stored as u64, live as u64))
     }
 
     /// Takes the rows of `table` whose `column` is in the JSON array `set` `FOR UPDATE`, in
@@ -649,7 +668,9 @@ impl GcMeta for SqlMetadataStore {
         }
         let doomed_set = text_list(doomed_ids.iter().map(String::as_str));
         let mut estimate = GcEstimate::default();
-        let mut freed: HashMap<String, u64> = HashMap::new();
+        // Before the candidates are read: a push meanwhile can only add live bytes.
+        let (stored, live) = self.pack_bytes().await?;
+        let mut freed: HashMap<String, (u64, u64)> = HashMap::new();
         // The candidates a pass would look at: the queued ones, a page at a time...
         let mut after = first_key("blob_id").to_owned();
         loop {
@@ -688,8 +709,10 @@ impl GcMeta for SqlMetadataStore {
         }
         // Packs every chunk of which goes, then the queued ones no chunk lives in.
         let freeing: Vec<String> = freed.keys().cloned().collect();
+        let mut collected = 0;
         for batch in freeing.chunks(ESTIMATE_BATCH as usize) {
-            self.estimate_packs(batch, created_before, &freed, &mut estimate)
+            collected += self
+                .estimate_packs(batch, created_before, &freed, &mut estimate)
                 .await?;
         }
         let mut after = first_key("pack_id").to_owned();
@@ -701,13 +724,22 @@ impl GcMeta for SqlMetadataStore {
                 .into_iter()
                 .filter(|p| !freed.contains_key(p))
                 .collect();
-            self.estimate_packs(&batch, created_before, &freed, &mut estimate)
+            collected += self
+                .estimate_packs(&batch, created_before, &freed, &mut estimate)
                 .await?;
             match next {
                 Some(next) => after = next,
                 None => break,
             }
         }
+        // A pack the pass removes takes its dead bytes with it; the chunks it collects in the
+        // others leave theirs behind (docs/gc.md: a pack keeps its bytes while a chunk lives).
+        let dead = stored.saturating_sub(live);
+        let freed_bytes: u64 = freed.values().map(|f| f.1).sum();
+        estimate.pack_bytes = stored;
+        estimate.pack_dead_bytes = dead;
+        estimate.pack_bytes_after = stored.saturating_sub(collected);
+        estimate.pack_dead_bytes_after = (dead + freed_bytes).saturating_sub(collected);
         Ok(estimate)
     }
 }
