@@ -595,6 +595,16 @@ fn the_dry_run_counts_the_dead_bytes_packs_keep_and_the_pass_leaves_them_as_said
     }
     let text = vial_ok(h, &["gc", &server.addr, "--dry-run"]);
     assert!(text.contains("chunks nothing references"), "{text}");
+    // The web UI's storage page shows the same dead bytes.
+    let page = reqwest::blocking::get(format!("{}/ui/storage", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    let dead = vial_core::human_bytes(n(&after, "pack_dead_bytes"));
+    assert!(
+        page.contains(&format!("Dead bytes in packs<b>{dead}</b>")),
+        "{dead} missing: {page}"
+    );
     let back = h.join("back");
     vial_ok(
         h,

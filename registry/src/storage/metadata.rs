@@ -408,6 +408,10 @@ pub trait BlobMeta: Send + Sync {
     /// How many blobs the registry holds and their bytes, each counted once.
     async fn stored_totals(&self) -> Result<(u64, u64), StorageError>;
 
+    /// The bytes of the committed packs, and of the chunks that live in them: the rest are dead
+    /// bytes a pack keeps until its last chunk goes (docs/gc.md). Reads every chunk row in a pack.
+    async fn pack_totals(&self) -> Result<(u64, u64), StorageError>;
+
     /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
     async fn blob_location(
         &self,

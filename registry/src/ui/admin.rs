@@ -175,6 +175,8 @@ pub(super) async fn storage(state: &Service, viewer: &Viewer) -> Result<Markup, 
         return Ok(layout::page("Storage", viewer, None, body));
     }
     let (blob_count, stored) = state.blob_rows().stored_totals().await?;
+    let (in_packs, live_in_packs) = state.blob_rows().pack_totals().await?;
+    let dead_in_packs = in_packs.saturating_sub(live_in_packs);
     let live = state
         .manifests()
         .version_totals(None, VOLUME_ARTIFACT_TYPE)
@@ -194,6 +196,17 @@ pub(super) async fn storage(state: &Service, viewer: &Viewer) -> Result<Markup, 
             "Blobs are counted once however many versions and repositories use them. Deleted "
             "versions still restorable keep their blobs until their window passes; garbage "
             "collection then reclaims what nothing references."
+        }
+        h2 { "Packs" }
+        div.panel.stats {
+            div { "Bytes in packs" b { (bytes(in_packs)) } }
+            div { "Dead bytes in packs" b { (bytes(dead_in_packs)) } }
+            div { "Dead share" b { @if in_packs > 0 { (format!("{:.1}%", dead_in_packs as f64 * 100.0 / in_packs as f64)) } @else { "–" } } }
+        }
+        p.muted {
+            "A push stores its new chunks together in packs. A pack keeps its bytes until its last "
+            "chunk goes, so chunks collected beside live ones stay on disk as dead bytes. "
+            "vial gc --dry-run shows what the next pass leaves."
         }
         h2 { "Garbage collection" }
         @match last_gc {

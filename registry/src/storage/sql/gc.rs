@@ -11,7 +11,7 @@ use vial_core::{Digest, RepoName};
 
 use super::blobs::parse_pack;
 use super::*;
-use crate::storage::metadata::{Candidates, Garbage, GcEstimate, GcMeta};
+use crate::storage::metadata::{BlobMeta, Candidates, Garbage, GcEstimate, GcMeta};
 
 /// The range chunks that live in a blob row `b`. (`IS NOT NULL`, implied by the equality, lets
 /// PostgreSQL's planner read the partial index `blobs_by_source` instead of hashing every row of
@@ -220,21 +220,6 @@ impl SqlMetadataStore {
             }
         }
         Ok(collected)
-    }
-
-    /// The bytes of the committed packs, and of the chunks that live in them.
-    async fn pack_bytes(&self) -> Result<(u64, u64), StorageError> {
-        let stored: i64 = sqlx::query_scalar(
-            "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM packs WHERE committed",
-        )
-        .fetch_one(&self.reader)
-        .await?;
-        let live: i64 = sqlx::query_scalar(
-            "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM blobs WHERE pack_id IS NOT NULL",
-        )
-        .fetch_one(&self.reader)
-        .await?;
-        Ok((stored as u64, live as u64))
     }
 
     /// Takes the rows of `table` whose `column` is in the JSON array `set` `FOR UPDATE`, in
@@ -669,7 +654,7 @@ impl GcMeta for SqlMetadataStore {
         let doomed_set = text_list(doomed_ids.iter().map(String::as_str));
         let mut estimate = GcEstimate::default();
         // Before the candidates are read: a push meanwhile can only add live bytes.
-        let (stored, live) = self.pack_bytes().await?;
+        let (stored, live) = self.pack_totals().await?;
         let mut freed: HashMap<String, (u64, u64)> = HashMap::new();
         // The candidates a pass would look at: the queued ones, a page at a time...
         let mut after = first_key("blob_id").to_owned();
