@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::mounted::drop_page_cache;
 use crate::report::{self, num, ratio, table, times, Goal};
 use crate::run::machine;
-use crate::servers::{self, Server, WorkDir};
+use crate::servers::{self, run, Server, WorkDir};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -100,19 +100,6 @@ pub(crate) fn write_random(path: &Path, len: u64, seed: u64) -> Result<()> {
     }
     out.flush()?;
     Ok(())
-}
-
-pub(crate) fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A tar stream of `files` (relative to `root`), written to `out`.

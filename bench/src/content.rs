@@ -12,11 +12,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use crate::containerd::{run, write_random, Node};
+use crate::containerd::{write_random, Node};
 use crate::cri::CriNode;
 use crate::report::{num, si, table};
 use crate::run::machine;
-use crate::servers::{self, Server, WorkDir};
+use crate::servers::{self, run, Server, WorkDir};
 
 #[derive(Debug, Args)]
 pub struct ContentArgs {

@@ -65,7 +65,7 @@ impl CriNode {
             wait_for(&vial_socket)?;
         }
         // vial's block last, as `vial snapshotter --print-containerd-config` prints it.
-        let block = crate::containerd::run(
+        let block = crate::servers::run(
             Command::new(vial)
                 .args(["snapshotter", "--print-containerd-config", "--address"])
                 .arg(&vial_socket)
@@ -142,7 +142,7 @@ impl CriNode {
     /// `ctr ARGS` against this node (containerd 2.x's `ctr`, which pulls through the transfer
     /// service unless given `--local`).
     pub fn ctr(&self, args: &[&str]) -> Result<String> {
-        crate::containerd::run(
+        crate::servers::run(
             Command::new(self.bin.join("ctr"))
                 .arg("--address")
                 .arg(&self.socket)
