@@ -33,8 +33,9 @@ pub struct SnapshotterArgs {
     /// How long one chunk may take (retries included) before a read fails with EIO.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: std::time::Duration,
-    /// Print the `[proxy_plugins.vial]` block containerd's configuration needs for these flags
-    /// (the socket, and the exports kubelet and nerdctl read), then exit without serving.
+    /// Print what containerd's configuration needs for these flags, then exit without serving:
+    /// the `[proxy_plugins.vial]` block (the socket, and the exports kubelet and nerdctl read) and
+    /// the transfer service's `unpack_config` entries (containerd 2.x's `ctr images pull`, nerdctl).
     #[arg(long)]
     print_containerd_config: bool,
     #[command(flatten)]

@@ -26,7 +26,7 @@ impl Readers {
     pub async fn done(&self, limit: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            if self.live.load(Ordering::SeqCst) == 0 {
+            if self.live() == 0 {
                 return true;
             }
             // `notify_one` keeps a permit when nobody waits, so an end between the load above and
@@ -35,7 +35,7 @@ impl Readers {
                 .await
                 .is_err()
             {
-                return self.live.load(Ordering::SeqCst) == 0;
+                return self.live() == 0;
             }
         }
     }
