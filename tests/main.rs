@@ -13,6 +13,7 @@ mod auth;
 mod backends;
 mod bad_input;
 mod cache;
+mod compaction;
 mod conformance;
 mod containerd;
 mod copy;

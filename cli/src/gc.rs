@@ -56,10 +56,19 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
             );
             if report.get("pack_bytes").is_some() {
                 println!(
-                    "packs hold {}, {} of it chunks nothing references; after the pass {} and {} \
-                     (a pack keeps its bytes until its last chunk goes)",
+                    "packs hold {}, {} of it chunks nothing references",
                     human_bytes(n("pack_bytes")),
                     human_bytes(n("pack_dead_bytes")),
+                );
+                println!(
+                    "would compact {}: rewrite {} of live chunks and free {}",
+                    count(n("packs_compacted"), "pack"),
+                    human_bytes(n("rewritten_bytes")),
+                    human_bytes(n("compacted_dead_bytes")),
+                );
+                println!(
+                    "packs would then hold {}, {} of it dead (compacted packs go once the grace \
+                     period since the move has passed)",
                     human_bytes(n("pack_bytes_after")),
                     human_bytes(n("pack_dead_bytes_after")),
                 );
@@ -102,6 +111,14 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
                 .and_then(serde_json::Value::as_f64)
                 .unwrap_or(0.0)
         );
+        if n("packs_compacted") > 0 {
+            println!(
+                "compacted {}: rewrote {} of live chunks, {} dead go with them",
+                count(n("packs_compacted"), "pack"),
+                human_bytes(n("rewritten_bytes")),
+                human_bytes(n("compacted_dead_bytes")),
+            );
+        }
         Ok(())
     })
 }
@@ -130,12 +147,13 @@ async fn follow(registry: &Registry, mut job: GcJob) -> Result<GcJob, vial_clien
         let so_far = job.report.as_ref();
         let n = |k: &str| so_far.map_or(0, |r| number(r, k));
         bar.set_message(format!(
-            "{}: {} expired versions removed, {} blobs ({}) reclaimed, {} candidates looked at",
+            "{}: {} expired versions removed, {} blobs ({}) reclaimed, {} candidates looked at, {} packs compacted",
             job.state,
             n("manifests_purged"),
             n("blobs"),
             human_bytes(n("bytes")),
-            n("examined")
+            n("examined"),
+            n("packs_compacted")
         ));
         job = registry.gc_status(&job.id, WAIT).await?;
     }

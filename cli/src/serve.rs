@@ -116,6 +116,17 @@ pub struct ServeArgs {
     #[arg(long, env = "VIAL_GC_GRACE", value_parser = humantime::parse_duration)]
     gc_grace: Option<Duration>,
 
+    /// Compaction: a pack whose dead bytes (chunks collected while others in it live) reach this
+    /// share of it has its live chunks rewritten into a new pack by the next pass, and goes,
+    /// e.g. 10%, 0.25 [default: 10%]. See docs/gc.md.
+    #[arg(long, env = "VIAL_GC_COMPACT_THRESHOLD", value_parser = parse_share)]
+    gc_compact_threshold: Option<f64>,
+
+    /// The live bytes compaction rewrites in one pass at most, e.g. 8GiB; 0 turns compaction off
+    /// [default: 8GiB].
+    #[arg(long, env = "VIAL_GC_COMPACT_BYTES", value_parser = crate::mount::parse_size)]
+    gc_compact_bytes: Option<u64>,
+
     /// Another retention window for a namespace, e.g. `weights/prod=30d` (repeatable; the longest
     /// matching namespace wins).
     #[arg(long, value_name = "NAMESPACE=DURATION", value_parser = parse_namespace_retention)]
@@ -237,6 +248,8 @@ pub struct FileConfig {
     gc_interval: Option<Duration>,
     #[serde(default, with = "humantime_serde_opt")]
     gc_grace: Option<Duration>,
+    gc_compact_threshold: Option<String>,
+    gc_compact_bytes: Option<String>,
     /// `[namespace-retention]`: namespace = "duration".
     namespace_retention: Option<std::collections::BTreeMap<String, String>>,
     /// `[[tag-rules]]`: tag protection.
@@ -362,6 +375,24 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
     }
     if let Some(grace) = args.gc_grace.or(file.gc_grace) {
         config.gc_grace = grace;
+    }
+    match (args.gc_compact_threshold, &file.gc_compact_threshold) {
+        (Some(share), _) => config.gc_compact_threshold = share,
+        (None, Some(text)) => {
+            config.gc_compact_threshold = parse_share(text)
+                .map_err(anyhow::Error::msg)
+                .context("gc-compact-threshold in the config file")?
+        }
+        (None, None) => {}
+    }
+    match (args.gc_compact_bytes, &file.gc_compact_bytes) {
+        (Some(bytes), _) => config.gc_compact_bytes = bytes,
+        (None, Some(text)) => {
+            config.gc_compact_bytes = crate::mount::parse_size(text)
+                .map_err(anyhow::Error::msg)
+                .context("gc-compact-bytes in the config file")?
+        }
+        (None, None) => {}
     }
     for (ns, d) in file.namespace_retention.iter().flatten() {
         let d = humantime::parse_duration(d)
@@ -540,9 +571,33 @@ async fn shutdown_signal() {
     }
 }
 
+/// A share of a whole: `10%` or `0.1`, from 0 to 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let share = match t.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("expected a share such as 10% or 0.1, not {s:?}"))?;
+    if !(0.0..=1.0).contains(&share) {
+        return Err(format!("{s:?} is not between 0% and 100%"));
+    }
+    Ok(share)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_share_is_a_percentage_or_a_fraction() {
+        assert_eq!(parse_share("10%"), Ok(0.1));
+        assert_eq!(parse_share("0.25"), Ok(0.25));
+        assert_eq!(parse_share(" 100 % "), Ok(1.0));
+        assert!(parse_share("150%").is_err());
+        assert!(parse_share("-0.1").is_err());
+        assert!(parse_share("ten").is_err());
+    }
     use clap::Parser;
 
     #[derive(Debug, Parser)]

@@ -133,6 +133,13 @@ impl S3Location {
     }
 }
 
+/// The dead share of a pack at which compaction rewrites it (docs/performance.md, "Compaction",
+/// has the measurement behind it).
+pub const DEFAULT_COMPACT_THRESHOLD: f64 = 0.1;
+
+/// The live bytes one pass of compaction rewrites at most.
+pub const DEFAULT_COMPACT_BYTES: u64 = 8 << 30;
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub metadata: MetadataBackend,
@@ -168,6 +175,12 @@ pub struct Config {
     /// Blobs used (uploaded, linked, checked for) this recently are never collected, so a push
     /// in flight keeps what it relies on (docs/gc.md).
     pub gc_grace: Duration,
+    /// Compaction (docs/gc.md): a pack whose dead bytes reach this share of it has its live
+    /// chunks rewritten into a new pack, and goes.
+    pub gc_compact_threshold: f64,
+    /// The live bytes compaction rewrites in one pass at most (it stops after the pack that
+    /// reaches it); zero turns compaction off.
+    pub gc_compact_bytes: u64,
     /// The sources sync jobs may read, with where they are and the credentials to read them.
     /// Empty: sync is off.
     pub sync_sources: Vec<SyncSource>,
@@ -407,6 +420,8 @@ impl Config {
             tag_rules: Vec::new(),
             gc_interval: Duration::from_secs(3600),
             gc_grace: Duration::from_secs(3600),
+            gc_compact_threshold: DEFAULT_COMPACT_THRESHOLD,
+            gc_compact_bytes: DEFAULT_COMPACT_BYTES,
             sync_sources: Vec::new(),
             sparse_indexes: true,
             public_url: None,

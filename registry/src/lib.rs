@@ -256,7 +256,14 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
         BlobBackend::S3(_) => "s3",
     };
     backend_info(&mut text, &state.entrance, metadata, blobs);
-    state.gc_metrics.render(&mut text);
+    let packs = match state.pack_state().await {
+        Ok(packs) => Some(packs),
+        Err(e) => {
+            tracing::debug!(error = %vial_core::error_chain(&e), "could not read the packs for /metrics");
+            None
+        }
+    };
+    state.gc_metrics.render(&mut text, packs);
     if let Some(watch) = state.tag_watch.get() {
         watch.render_metrics(&mut text);
     }

@@ -272,7 +272,8 @@ async fn read_layer(
         return Ok(files);
     }
     service.metrics.record_seal_layer(false, size);
-    let stream = crate::storage::read_located(&*service.blobs, &digest, &location, None)
+    let stream = service
+        .read_blob(repo, &digest, &location, None)
         .await?
         .ok_or_else(|| {
             StorageError::Corrupt(format!(

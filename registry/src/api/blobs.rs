@@ -48,9 +48,7 @@ pub(super) async fn get(
     let body = if req.method == Method::HEAD {
         Body::empty()
     } else {
-        let Some(stream) =
-            crate::storage::read_located(&*state.blobs, digest, &location, range).await?
-        else {
+        let Some(stream) = state.read_blob(repo, digest, &location, range).await? else {
             // The metadata says the blob is here but its bytes are gone: a storage fault, not a
             // client error. Say so loudly and answer as if it were unknown.
             tracing::error!(%repo, %digest, "blob is linked in metadata but missing from the blob store");

@@ -15,21 +15,16 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::Deserialize;
-use tokio::sync::{mpsc, oneshot};
 use vial_core::{Digest, RepoName};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::http::{set_header, Request, MAX_PACK_BYTES, MAX_PACK_CHUNKS};
+use crate::service::ChunkCheck;
 use crate::service::Service;
-use crate::storage::{BlobLocation, ByteRange, ByteStream, PackedChunk, VerifyFuture};
+use crate::storage::{ByteStream, PackedChunk, VerifyFuture};
 
 /// The largest chunk list line at the start of a pack (`MAX_PACK_CHUNKS` entries fit).
 const MAX_LIST_BYTES: usize = 1 << 20;
-/// Segments of a bulk read being read at once: the one streaming and the next.
-const SEGMENTS_AHEAD: usize = 2;
-/// Body frames queued for the chunk hasher of one pack (the bytes are bounded by
-/// [`super::bodies::hold`]).
-const HASH_QUEUE: usize = 64;
 
 /// The first line of a pack: its chunks, in the order their bytes follow.
 #[derive(Deserialize)]
@@ -82,69 +77,6 @@ async fn read_list(body: Body) -> Result<(ChunkList, usize, ByteStream), ApiErro
             .chain(stream.map(|frame| frame.map_err(std::io::Error::other))),
     );
     Ok((list, newline + 1, body))
-}
-
-/// Hashes the pack's bytes chunk by chunk on a blocking thread as they pass; says at the end
-/// whether every chunk had its digest and the bytes ended exactly after the last one.
-struct ChunkCheck {
-    tx: mpsc::Sender<Bytes>,
-    verdict: oneshot::Receiver<Result<(), String>>,
-}
-
-impl ChunkCheck {
-    fn spawn(chunks: Vec<(Digest, u64)>) -> ChunkCheck {
-        let (tx, mut rx) = mpsc::channel::<Bytes>(HASH_QUEUE);
-        let (done, verdict) = oneshot::channel();
-        tokio::task::spawn_blocking(move || {
-            let mut expected = chunks.into_iter();
-            let mut current = expected.next();
-            let mut hasher = current.as_ref().map(|(d, _)| d.algorithm().hasher());
-            let mut left = current.as_ref().map_or(0, |(_, s)| *s);
-            let mut result = Ok(());
-            // Chunks of zero bytes end where they start.
-            let close = |current: &mut Option<(Digest, u64)>,
-                         hasher: &mut Option<vial_core::DigestHasher>,
-                         left: &mut u64,
-                         expected: &mut std::vec::IntoIter<(Digest, u64)>|
-             -> Result<(), String> {
-                while let (Some((digest, _)), 0) = (current.as_ref(), *left) {
-                    let got = hasher.take().map(|h| h.finish());
-                    if got.as_ref() != Some(digest) {
-                        return Err(format!(
-                            "chunk {digest} of the pack has digest {}",
-                            got.map_or_else(|| "?".to_owned(), |d| d.to_string())
-                        ));
-                    }
-                    *current = expected.next();
-                    *hasher = current.as_ref().map(|(d, _)| d.algorithm().hasher());
-                    *left = current.as_ref().map_or(0, |(_, s)| *s);
-                }
-                Ok(())
-            };
-            result =
-                result.and_then(|()| close(&mut current, &mut hasher, &mut left, &mut expected));
-            while let Some(mut bytes) = rx.blocking_recv() {
-                while !bytes.is_empty() && result.is_ok() {
-                    let Some(h) = hasher.as_mut() else {
-                        result = Err("the pack holds bytes after its last chunk".into());
-                        break;
-                    };
-                    let take = (left as usize).min(bytes.len());
-                    h.update(&bytes[..take]);
-                    bytes = bytes.slice(take..);
-                    left -= take as u64;
-                    result = close(&mut current, &mut hasher, &mut left, &mut expected);
-                }
-            }
-            if result.is_ok() {
-                if let Some((digest, _)) = current {
-                    result = Err(format!("the pack ends before the end of chunk {digest}"));
-                }
-            }
-            let _ = done.send(result);
-        });
-        ChunkCheck { tx, verdict }
-    }
 }
 
 /// `POST /v2/<name>/_vial/packs`: a body of one line `{"chunks": [[digest, size], ...]}`, then
@@ -265,45 +197,6 @@ struct ReadRequest {
     digests: Vec<Digest>,
 }
 
-/// A read of adjacent bytes: one range of one stored object.
-#[derive(Debug, PartialEq, Eq)]
-struct Segment {
-    /// The blob whose location this is (for a blob stored whole, the object itself).
-    digest: Digest,
-    location: BlobLocation,
-    range: ByteRange,
-}
-
-/// Reads of the chunks in order, adjacent ranges of one pack or blob merged into one.
-fn plan(
-    digests: &[Digest],
-    locations: &std::collections::HashMap<Digest, BlobLocation>,
-) -> Vec<Segment> {
-    let mut segments: Vec<Segment> = Vec::new();
-    for digest in digests {
-        let Some(location) = locations.get(digest) else {
-            continue;
-        };
-        if let (Some(last), Some((source, offset))) = (segments.last_mut(), &location.source) {
-            if let Some((last_source, last_offset)) = &last.location.source {
-                if last_source == source && last_offset + last.range.end == *offset {
-                    last.range.end += location.size;
-                    continue;
-                }
-            }
-        }
-        segments.push(Segment {
-            digest: digest.clone(),
-            location: location.clone(),
-            range: ByteRange {
-                start: 0,
-                end: location.size,
-            },
-        });
-    }
-    segments
-}
-
 /// `POST /v2/<name>/_vial/chunks` with `{"digests": [...]}`: the blobs' bytes end to end, in the
 /// order asked, in one response (404 `BLOB_UNKNOWN` naming any the repository lacks). The client
 /// knows the sizes and digests, and verifies each chunk as it arrives.
@@ -353,90 +246,15 @@ pub(super) async fn read(
             format!("a bulk read returns at most {MAX_PACK_BYTES} bytes"),
         ));
     }
-    let segments = plan(&request.digests, &locations);
-    let blobs = Arc::clone(&state.blobs);
+    let segments = crate::service::plan(&request.digests, &locations);
     let metrics = Arc::clone(&state.metrics);
-    let repo = repo.clone();
-    let stream = futures_util::stream::iter(segments)
-        .map(move |segment| {
-            let blobs = Arc::clone(&blobs);
-            let repo = repo.clone();
-            async move {
-                let read = crate::storage::read_located(
-                    &*blobs,
-                    &segment.digest,
-                    &segment.location,
-                    Some(segment.range),
-                )
-                .await;
-                match read {
-                    Ok(Some(stream)) => stream,
-                    Ok(None) => {
-                        tracing::error!(%repo, digest = %segment.digest, "blob is linked in metadata but missing from the blob store");
-                        let e = std::io::Error::other("a blob's bytes are missing");
-                        Box::pin(futures_util::stream::once(async move { Err(e) })) as ByteStream
-                    }
-                    Err(e) => {
-                        tracing::error!(%repo, error = %vial_core::error_chain(&e), "bulk read failed");
-                        let e = std::io::Error::other("storage failure");
-                        Box::pin(futures_util::stream::once(async move { Err(e) })) as ByteStream
-                    }
-                }
-            }
-        })
-        // The next segment's read starts while this one streams: on S3 its ranged GET's round
-        // trip is then hidden behind this one's bytes.
-        .buffered(SEGMENTS_AHEAD)
-        .flatten()
-        .inspect(move |chunk| {
-            if let Ok(bytes) = chunk {
-                metrics.add_bytes_out(bytes.len() as u64);
-            }
-        });
+    let stream = state.read_segments(repo, segments).inspect(move |chunk| {
+        if let Ok(bytes) = chunk {
+            metrics.add_bytes_out(bytes.len() as u64);
+        }
+    });
     let mut r = (StatusCode::OK, Body::from_stream(stream)).into_response();
     set_header(&mut r, "content-length", &total.to_string());
     set_header(&mut r, "content-type", "application/octet-stream");
     Ok(r)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::storage::{PackId, Source};
-
-    fn d(n: u8) -> Digest {
-        vial_core::Algorithm::Sha256.digest_bytes(&[n])
-    }
-
-    #[test]
-    fn adjacent_ranges_of_one_pack_are_read_together() {
-        let pack = PackId::random();
-        let other = PackId::random();
-        let at = |source: &PackId, offset: u64, size: u64| BlobLocation {
-            size,
-            source: Some((Source::Pack(source.clone()), offset)),
-        };
-        let locations = std::collections::HashMap::from([
-            (d(1), at(&pack, 0, 10)),
-            (d(2), at(&pack, 10, 5)),
-            (d(3), at(&pack, 30, 5)),
-            (d(4), at(&other, 35, 5)),
-            (
-                d(5),
-                BlobLocation {
-                    size: 7,
-                    source: None,
-                },
-            ),
-        ]);
-        let segments = plan(&[d(1), d(2), d(3), d(4), d(5)], &locations);
-        let ranges: Vec<(u64, u64)> = segments
-            .iter()
-            .map(|s| (s.range.start, s.range.end))
-            .collect();
-        assert_eq!(ranges, [(0, 15), (0, 5), (0, 5), (0, 7)]);
-        assert_eq!(segments[0].digest, d(1));
-        // Asked in another order, nothing merges: bytes come back in the order asked.
-        assert_eq!(plan(&[d(2), d(1)], &locations).len(), 2);
-    }
 }

@@ -35,7 +35,9 @@
 mod blobs;
 pub(crate) mod blocking;
 pub mod gc;
+mod packs;
 pub(crate) mod publish;
+mod reads;
 mod sessions;
 pub(crate) mod upkeep;
 
@@ -43,6 +45,8 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+pub(crate) use packs::ChunkCheck;
+pub(crate) use reads::plan;
 pub(crate) use sessions::{HashState, Sessions};
 
 use crate::config::Config;

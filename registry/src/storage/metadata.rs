@@ -408,10 +408,6 @@ pub trait BlobMeta: Send + Sync {
     /// How many blobs the registry holds and their bytes, each counted once.
     async fn stored_totals(&self) -> Result<(u64, u64), StorageError>;
 
-    /// The bytes of the committed packs, and of the chunks that live in them: the rest are dead
-    /// bytes a pack keeps until its last chunk goes (docs/gc.md). Reads every chunk row in a pack.
-    async fn pack_totals(&self) -> Result<(u64, u64), StorageError>;
-
     /// Where the bytes of a blob linked to `repo` are, or `None` if `repo` does not hold it.
     async fn blob_location(
         &self,
@@ -450,7 +446,7 @@ pub struct Garbage {
 }
 
 /// What a collection pass would remove: the dry run's answer.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GcEstimate {
     pub blobs: u64,
     /// Bytes of the blobs with bytes of their own, and of the packs.
@@ -463,6 +459,9 @@ pub struct GcEstimate {
     /// keep a live chunk.
     pub pack_bytes_after: u64,
     pub pack_dead_bytes_after: u64,
+    /// The bytes of the chunks the pass collects in each pack (removed or not), which compaction
+    /// then finds dead.
+    pub pack_freed: Vec<(super::PackId, u64)>,
 }
 
 /// What garbage collection reads and removes (docs/gc.md). Candidates are the blobs and packs that
@@ -862,6 +861,7 @@ pub trait SealMeta: Send + Sync {
 pub trait MetadataStore:
     BlobMeta
     + GcMeta
+    + super::CompactMeta
     + UploadMeta
     + ManifestMeta
     + TagMeta

@@ -6,6 +6,7 @@
 //! and each runs as one transaction, so a crash between two of them never leaves a half-done change.
 
 mod blob;
+mod compact;
 mod direct;
 mod fs;
 mod metadata;
@@ -13,6 +14,7 @@ pub(crate) mod s3;
 mod sql;
 
 pub use blob::{BlobStore, ByteRange, ByteStream, PackId, VerifyFuture};
+pub use compact::{ChunkMove, CompactMeta, PackChunk, PackUse};
 pub use fs::FsBlobStore;
 pub use metadata::{
     BlobLocation, BlobMeta, BytesDeletion, Candidates, CommitManifestError, Garbage, GcEstimate,

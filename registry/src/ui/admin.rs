@@ -175,8 +175,9 @@ pub(super) async fn storage(state: &Service, viewer: &Viewer) -> Result<Markup, 
         return Ok(layout::page("Storage", viewer, None, body));
     }
     let (blob_count, stored) = state.blob_rows().stored_totals().await?;
-    let (in_packs, live_in_packs) = state.blob_rows().pack_totals().await?;
-    let dead_in_packs = in_packs.saturating_sub(live_in_packs);
+    let packs = state.pack_state().await?;
+    let (in_packs, dead_in_packs) = (packs.bytes, packs.dead);
+    let compactable = packs.compactable;
     let live = state
         .manifests()
         .version_totals(None, VOLUME_ARTIFACT_TYPE)
@@ -202,11 +203,16 @@ pub(super) async fn storage(state: &Service, viewer: &Viewer) -> Result<Markup, 
             div { "Bytes in packs" b { (bytes(in_packs)) } }
             div { "Dead bytes in packs" b { (bytes(dead_in_packs)) } }
             div { "Dead share" b { @if in_packs > 0 { (format!("{:.1}%", dead_in_packs as f64 * 100.0 / in_packs as f64)) } @else { "–" } } }
+            div { "Packs to compact" b { (compactable.packs) } }
+            div { "Compaction rewrites" b { (bytes(compactable.live)) } }
+            div { "Compaction frees" b { (bytes(compactable.dead)) } }
         }
         p.muted {
-            "A push stores its new chunks together in packs. A pack keeps its bytes until its last "
-            "chunk goes, so chunks collected beside live ones stay on disk as dead bytes. "
-            "vial gc --dry-run shows what the next pass leaves."
+            "A push stores its new chunks together in packs. Chunks collected beside live ones "
+            "stay on disk as dead bytes until the pack's dead share reaches "
+            (format!("{:.0}%", state.config.gc_compact_threshold * 100.0))
+            "; then a pass rewrites its live chunks into a new pack and the old one goes. "
+            "vial gc --dry-run shows what the next pass does."
         }
         h2 { "Garbage collection" }
         @match last_gc {
@@ -216,6 +222,8 @@ pub(super) async fn storage(state: &Service, viewer: &Viewer) -> Result<Markup, 
                     div { "Blobs reclaimed" b { (report.blobs) } }
                     div { "Bytes reclaimed" b { (bytes(report.bytes)) } }
                     div { "Versions purged" b { (report.manifests_purged) } }
+                    div { "Packs compacted" b { (report.packs_compacted) } }
+                    div { "Bytes rewritten" b { (bytes(report.rewritten_bytes)) } }
                     div { "Took" b { (format!("{:.2} s", report.seconds)) } }
                 }
             }

@@ -8,7 +8,7 @@ use vial_core::{Digest, RepoName, Target};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::service::Service;
-use crate::storage::{read_located, StoredManifest};
+use crate::storage::StoredManifest;
 
 /// The largest tree blob or file header the UI reads into memory.
 const MAX_READ: u64 = 64 << 20;
@@ -43,7 +43,8 @@ pub(super) async fn read_blob(
         ));
     }
     let range = crate::storage::ByteRange { start, end };
-    let mut stream = read_located(&*state.blobs, digest, &location, Some(range))
+    let mut stream = state
+        .read_blob(repo, digest, &location, Some(range))
         .await?
         .ok_or_else(|| ApiError::blob_unknown(digest))?;
     let mut out = Vec::with_capacity((end - start) as usize);

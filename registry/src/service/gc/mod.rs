@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use vial_core::Digest;
 
+pub(crate) mod compact;
 pub(crate) mod report;
 pub use report::{GcMetrics, GcReport};
 
@@ -118,19 +119,40 @@ pub async fn collect(
         report.pack_bytes = Some(estimate.pack_bytes);
         report.pack_dead_bytes = Some(estimate.pack_dead_bytes);
         report.pack_bytes_after = Some(estimate.pack_bytes_after);
-        report.pack_dead_bytes_after = Some(estimate.pack_dead_bytes_after);
+        let plan = compact::estimate(service, cutoff, &estimate.pack_freed).await?;
+        report.packs_compacted = plan.packs;
+        report.rewritten_bytes = plan.live;
+        report.compacted_dead_bytes = plan.dead;
+        // Compacted packs go with their dead bytes, once the grace period since the move has
+        // passed (in this pass when it is zero); the new packs hold their live bytes.
+        report.pack_bytes_after = Some(estimate.pack_bytes_after.saturating_sub(plan.dead));
+        report.pack_dead_bytes_after =
+            Some(estimate.pack_dead_bytes_after.saturating_sub(plan.dead));
     } else {
         report.manifests_purged = super::upkeep::purge_deleted(service).await;
         report.purge_seconds = started.elapsed().as_secs_f64();
         let cutoff = cutoff(&service.config);
         collect_blobs(service, cutoff, &mut report, &mut progress).await?;
-        // Packs whose chunks have all been collected go last (a pack is kept while any chunk
-        // in it lives: docs/gc.md).
-        collect_packs(service, cutoff, &mut report, &mut progress).await?;
+        // Then the packs whose dead bytes pass the threshold have their live chunks rewritten.
+        compact::compact(service, cutoff, &mut report, &mut progress).await?;
+        // Packs no chunk lives in go last (a pack is kept while any chunk in it lives:
+        // docs/gc.md), those emptied by compaction once the grace period since has passed: the
+        // cutoff as of now, which with no grace period includes the moves just made.
+        collect_packs(
+            service,
+            self::cutoff(&service.config),
+            &mut report,
+            &mut progress,
+        )
+        .await?;
         let m = &service.gc_metrics;
         m.runs.fetch_add(1, Ordering::Relaxed);
         m.blobs.fetch_add(report.blobs, Ordering::Relaxed);
         m.bytes.fetch_add(report.bytes, Ordering::Relaxed);
+        m.packs_compacted
+            .fetch_add(report.packs_compacted, Ordering::Relaxed);
+        m.rewritten_bytes
+            .fetch_add(report.rewritten_bytes, Ordering::Relaxed);
     }
     report.seconds = started.elapsed().as_secs_f64();
     if !dry_run {
@@ -144,6 +166,8 @@ pub async fn collect(
         blobs = report.blobs,
         packs = report.packs,
         bytes = report.bytes,
+        packs_compacted = report.packs_compacted,
+        rewritten_bytes = report.rewritten_bytes,
         examined = report.examined,
         seconds = report.seconds,
         "garbage collection pass"

@@ -296,20 +296,6 @@ impl BlobMeta for SqlMetadataStore {
         Ok((n.max(0) as u64, bytes.max(0) as u64))
     }
 
-    async fn pack_totals(&self) -> Result<(u64, u64), StorageError> {
-        let stored: i64 = sqlx::query_scalar(
-            "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM packs WHERE committed",
-        )
-        .fetch_one(&self.reader)
-        .await?;
-        let live: i64 = sqlx::query_scalar(
-            "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM blobs WHERE pack_id IS NOT NULL",
-        )
-        .fetch_one(&self.reader)
-        .await?;
-        Ok((stored.max(0) as u64, live.max(0) as u64))
-    }
-
     async fn blob_locations(
         &self,
         repo: &RepoName,

@@ -11,7 +11,8 @@ use vial_core::{Digest, RepoName};
 
 use super::blobs::parse_pack;
 use super::*;
-use crate::storage::metadata::{BlobMeta, Candidates, Garbage, GcEstimate, GcMeta};
+use crate::storage::compact::CompactMeta;
+use crate::storage::metadata::{Candidates, Garbage, GcEstimate, GcMeta};
 
 /// The range chunks that live in a blob row `b`. (`IS NOT NULL`, implied by the equality, lets
 /// PostgreSQL's planner read the partial index `blobs_by_source` instead of hashing every row of
@@ -32,8 +33,9 @@ const UNREFERENCED: &str = concat!(
     ")"
 );
 
-/// A committed pack (`p`) no chunk lives in, created before `$1`.
+/// A committed pack (`p`) no chunk lives in, created (and last compacted) before `$1`.
 const UNUSED_PACK: &str = "p.committed AND p.created_at < $1
+    AND (p.moved_at IS NULL OR p.moved_at <= $1)
     AND NOT EXISTS (SELECT 1 FROM blobs b WHERE b.pack_id = p.id)";
 
 /// The columns [`garbage_from_row`] reads, of a `blobs` row `b`.
@@ -67,7 +69,7 @@ fn garbage_from_row(row: &AnyRow) -> Result<Garbage, StorageError> {
 }
 
 /// Strings as the JSON array [`Dialect::text_set`] expands.
-fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+pub(super) fn text_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     serde_json::to_string(&items.into_iter().collect::<Vec<_>>()).unwrap_or_default()
 }
 
@@ -201,7 +203,8 @@ impl SqlMetadataStore {
         }
         let rows = sqlx::query(&format!(
             "SELECT p.id, p.size, (SELECT COUNT(*) FROM blobs b WHERE b.pack_id = p.id) AS live
-               FROM packs p WHERE p.id IN (SELECT value FROM {}) AND p.committed AND p.created_at < $2",
+               FROM packs p WHERE p.id IN (SELECT value FROM {}) AND p.committed AND p.created_at < $2
+                AND (p.moved_at IS NULL OR p.moved_at <= $2)",
             self.dialect.text_set("$1")
         ))
         .bind(text_list(batch.iter().map(String::as_str)))
@@ -224,7 +227,7 @@ impl SqlMetadataStore {
 
     /// Takes the rows of `table` whose `column` is in the JSON array `set` `FOR UPDATE`, in
     /// `column` order, on PostgreSQL; SQLite runs every write transaction alone.
-    async fn lock_rows(
+    pub(super) async fn lock_rows(
         &self,
         tx: &mut Transaction<'_, Any>,
         (table, column): (&str, &str),
@@ -541,7 +544,9 @@ impl GcMeta for SqlMetadataStore {
                     CAST(CASE WHEN p.id IS NULL
                                 OR EXISTS (SELECT 1 FROM blobs b WHERE b.pack_id = c.pack_id)
                               THEN 1 ELSE 0 END AS BIGINT) AS settled,
-                    CAST(CASE WHEN p.committed AND p.created_at < $3 THEN 1 ELSE 0 END AS BIGINT) AS ripe
+                    CAST(CASE WHEN p.committed AND p.created_at < $3
+                                   AND (p.moved_at IS NULL OR p.moved_at <= $3)
+                              THEN 1 ELSE 0 END AS BIGINT) AS ripe
                FROM (SELECT pack_id, queued FROM gc_pack_candidates WHERE pack_id > $1
                       ORDER BY pack_id LIMIT $2) c
                LEFT JOIN packs p ON p.id = c.pack_id
@@ -725,6 +730,10 @@ impl GcMeta for SqlMetadataStore {
         estimate.pack_dead_bytes = dead;
         estimate.pack_bytes_after = stored.saturating_sub(collected);
         estimate.pack_dead_bytes_after = (dead + freed_bytes).saturating_sub(collected);
+        estimate.pack_freed = freed
+            .into_iter()
+            .map(|(id, (_, bytes))| Ok((parse_pack(&id)?, bytes)))
+            .collect::<Result<_, StorageError>>()?;
         Ok(estimate)
     }
 }

@@ -63,6 +63,11 @@ const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
         "repository blob ids",
         include_str!("../../../../migrations/sqlite/0011_repository_blob_ids.sql"),
     ),
+    (
+        12,
+        "pack live bytes",
+        include_str!("../../../../migrations/sqlite/0012_pack_live_bytes.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -119,6 +124,11 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
         11,
         "repository blob ids",
         include_str!("../../../../migrations/postgres/0011_repository_blob_ids.sql"),
+    ),
+    (
+        12,
+        "pack live bytes",
+        include_str!("../../../../migrations/postgres/0012_pack_live_bytes.sql"),
     ),
 ];
 

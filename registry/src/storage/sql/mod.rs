@@ -8,6 +8,7 @@
 //! that must not race (tag moves) are single conditional statements.
 
 mod blobs;
+mod compact;
 mod dialect;
 mod gc;
 mod jobs;
