@@ -527,7 +527,7 @@ const FACADES: [&str; 7] = [
 fn store_writes(code: &str) -> Vec<&'static str> {
     // Appending to an upload and touching its row are single calls whose order does not matter
     // (ARCHITECTURE.md), so they are not here.
-    const STEPS: [&str; 16] = [
+    const STEPS: [&str; 17] = [
         ".put(",
         ".put_streamed(",
         ".put_pack(",
@@ -543,6 +543,7 @@ fn store_writes(code: &str) -> Vec<&'static str> {
         ".delete_upload(",
         ".collect_blobs(",
         ".collect_packs(",
+        ".commit_compaction(",
         ".purge_manifests(",
     ];
     // Method calls split over lines (`state\n.blobs\n.put(`) read as one.

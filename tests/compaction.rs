@@ -10,18 +10,7 @@ use std::time::{Duration, Instant};
 use crate::gc::{assert_reads_back, gc, version_chunks, write_files, GC_NOW};
 use crate::support::mount::{fuse_available, Mount};
 use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
-use crate::support::{backend, du, Server};
-
-/// A metric of `server`, which must be shown (`name` with its labels, if any).
-fn metric(server: &Server, name: &str) -> u64 {
-    let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
-        .unwrap()
-        .text()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from /metrics: {text}"))
-}
+use crate::support::{backend, du, metric, Server};
 
 fn n(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"))

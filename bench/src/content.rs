@@ -64,23 +64,8 @@ struct Results {
     paths: Vec<PathResult>,
 }
 
-/// Bytes of the files under `dir`.
-fn du(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => du(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
-}
-
 fn content_store(node_dir: &Path) -> u64 {
-    du(&node_dir.join("root/io.containerd.content.v1.content"))
+    servers::du(&node_dir.join("root/io.containerd.content.v1.content"))
 }
 
 fn mounted_under(dir: &Path) -> bool {

@@ -8,6 +8,7 @@ mod backends;
 mod blobs;
 mod ceiling;
 mod checkpoint;
+mod compaction;
 mod containerd;
 mod content;
 mod cri;
@@ -50,6 +51,9 @@ enum Command {
     /// `vial mount`: mount time, time to first tensor, cold and warm full reads against
     /// `vial pull`, skopeo and local disk, and the mount process's memory.
     Mount(mount::MountArgs),
+    /// Compaction: a training run's history with most versions deleted and collected, stored
+    /// bytes against live ones, on SQLite + filesystem and PostgreSQL + s3s-fs.
+    Compaction(compaction::CompactionArgs),
     /// containerd: pull to the first byte of a file, a volume through `vial snapshotter` against
     /// the same files baked into an image layer on overlayfs.
     Containerd(containerd::ContainerdArgs),
@@ -89,6 +93,7 @@ fn main() -> Result<()> {
                 Command::Push(args) => push::push(args).await,
                 Command::Mount(args) => mount::mount(args).await,
                 Command::Backends(args) => backends::backends(args).await,
+                Command::Compaction(args) => compaction::compaction(args).await,
                 Command::Containerd(args) => containerd::containerd(args).await,
                 Command::ContentStore(args) => content::content_store_bench(args).await,
                 Command::Files(args) => files::files(args).await,

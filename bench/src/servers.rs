@@ -39,6 +39,11 @@ impl Server {
             .with_context(|| format!("could not delete {}", self.dir.display()))
     }
 
+    /// Kills the process (if still running) and keeps its directory, to start again on it.
+    pub fn stop_and_keep(mut self) {
+        self.kill();
+    }
+
     fn kill(&mut self) {
         // Errors mean the process has already exited and been reaped.
         let _ = self.child.kill();
@@ -344,4 +349,19 @@ pub fn run(cmd: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Bytes of the files under `dir`, recursively (0 if it is not there).
+pub fn du(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => du(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }

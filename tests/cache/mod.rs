@@ -10,7 +10,7 @@ use crate::support::mount::{fuse_available, Mount};
 use crate::support::oci::{self, pseudo_random};
 use crate::support::proxy::{Fault, Proxy};
 use crate::support::vial::{assert_same_tree, login, push_json, vial, vial_ok};
-use crate::support::{peer, run, Server};
+use crate::support::{metric, peer, run, Server};
 
 mod replicas;
 
@@ -164,16 +164,6 @@ fn busiest_owner(peers: &[String], chunks: &[(String, u64)]) -> (usize, usize) {
     }
     let busiest = (0..peers.len()).max_by_key(|&i| owned[i]).unwrap();
     (busiest, owned[busiest])
-}
-
-fn metric(server: &Server, name: &str) -> u64 {
-    let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
-        .unwrap()
-        .text()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
 fn volume_bytes(src: &Path) -> u64 {

@@ -232,6 +232,18 @@ pub fn du(dir: &Path) -> u64 {
         .sum()
 }
 
+/// A metric of `server` (`name` with its labels, if any), which must be shown: one that is missing
+/// (renamed, say) fails the test instead of reading as 0.
+pub fn metric(server: &Server, name: &str) -> u64 {
+    let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
 pub fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{sig}"))
