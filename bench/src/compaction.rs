@@ -434,6 +434,14 @@ pub async fn compaction(args: CompactionArgs) -> Result<()> {
             (p.pull_before, p.push_before) = (pull_before, push_before);
             side_bytes += uploaded(&out)?;
             std::fs::remove_dir_all(&pulled)?;
+            // What the dry run says right before the pass, at the threshold it runs at.
+            let dry: serde_json::Value = serde_json::from_str(
+                &vial(&args.vial, &["gc", &host, "--dry-run", "--json"]).await?,
+            )?;
+            eprintln!(
+                "vial-bench: {} {} dry run before the pass: {dry}",
+                backend.name, p.kept
+            );
             let during = format!("{host}/bench/side-{}-during", p.kept.len());
             let clients = pull_and_push(&args.vial, &live_ref, &pulled, &side_b, &during);
             let pass = async {

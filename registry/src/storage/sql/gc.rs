@@ -11,7 +11,6 @@ use vial_core::{Digest, RepoName};
 
 use super::blobs::parse_pack;
 use super::*;
-use crate::storage::compact::CompactMeta;
 use crate::storage::metadata::{Candidates, Garbage, GcEstimate, GcMeta};
 
 /// The range chunks that live in a blob row `b`. (`IS NOT NULL`, implied by the equality, lets
@@ -22,6 +21,9 @@ macro_rules! range_chunks_of_b {
         "SELECT 1 FROM blobs a WHERE a.source_digest = b.digest AND a.source_digest IS NOT NULL"
     };
 }
+
+/// [`range_chunks_of_b`] as a constant, for the dry run's statements (estimate.rs).
+pub(super) const RANGE_CHUNKS_OF_B: &str = range_chunks_of_b!();
 
 /// A blob row `b` that no manifest references, that no range chunk lives in, and that nobody
 /// touched since `$1`.
@@ -39,7 +41,7 @@ const UNUSED_PACK: &str = "p.committed AND p.created_at < $1
     AND NOT EXISTS (SELECT 1 FROM blobs b WHERE b.pack_id = p.id)";
 
 /// The columns [`garbage_from_row`] reads, of a `blobs` row `b`.
-const GARBAGE: &str = "b.digest, b.size, b.source_digest, b.pack_id";
+pub(super) const GARBAGE: &str = "b.digest, b.size, b.source_digest, b.pack_id";
 
 /// Byte deletions in flight at once while a batch's rows are held.
 const DELETIONS_AT_ONCE: usize = 16;
@@ -49,13 +51,7 @@ const DELETIONS_AT_ONCE: usize = 16;
 /// `repository_blobs` once per blob.
 const BLOB_INDEX: &str = "repository_blobs_by_blob";
 
-/// Candidates the dry run reads at once.
-const ESTIMATE_BATCH: u32 = 1000;
-
-/// Doomed manifests whose blobs the dry run reads at once.
-const PURGE_ESTIMATE_BATCH: usize = 100;
-
-fn garbage_from_row(row: &AnyRow) -> Result<Garbage, StorageError> {
+pub(super) fn garbage_from_row(row: &AnyRow) -> Result<Garbage, StorageError> {
     let digest: String = row.try_get("digest")?;
     let size: i64 = row.try_get("size")?;
     let source: Option<String> = row.try_get("source_digest")?;
@@ -88,7 +84,7 @@ fn key_param(column: &str) -> String {
 }
 
 /// Where paging a candidate table's keys starts: before every blob id, before every pack id.
-fn first_key(column: &str) -> &'static str {
+pub(super) fn first_key(column: &str) -> &'static str {
     if column == "blob_id" {
         "0"
     } else {
@@ -99,15 +95,19 @@ fn first_key(column: &str) -> &'static str {
 impl SqlMetadataStore {
     /// The next `limit` keys of `table`'s candidates after `after` (`column` order), and where
     /// the batch after them starts (`None`: this is the last).
-    async fn candidate_batch(
+    pub(super) async fn candidate_batch(
         &self,
         table: &str,
         column: &str,
         after: &str,
         limit: u32,
     ) -> Result<(Vec<String>, Option<String>), StorageError> {
+        // Ordered by the column itself: PostgreSQL names `CAST(blob_id AS TEXT)` `blob_id` too,
+        // and an unqualified `ORDER BY blob_id` would sort the text ("10000" before "9999"),
+        // so that a page boundary across a digit skipped ids and read others twice.
         let batch: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT CAST({column} AS TEXT) FROM {table} WHERE {column} > {} ORDER BY {column} LIMIT $2",
+            "SELECT CAST(c.{column} AS TEXT) AS page_key FROM {table} c
+              WHERE c.{column} > {} ORDER BY c.{column} LIMIT $2",
             key_param(column)
         ))
         .bind(after)
@@ -141,88 +141,6 @@ impl SqlMetadataStore {
         .execute(&self.writer)
         .await?;
         Ok(())
-    }
-
-    /// Adds to `estimate` the blobs of `batch` (ids) that are garbage once the `doomed` manifests (a
-    /// [`text_list`] of their ids) are gone, counting in `freed` the chunks of each
-    /// pack that go.
-    async fn estimate_blobs(
-        &self,
-        batch: &[String],
-        touched_before: i64,
-        doomed: &str,
-        estimate: &mut GcEstimate,
-        freed: &mut HashMap<String, (u64, u64)>,
-    ) -> Result<(), StorageError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        // Unreferenced once the doomed manifests are gone: every reference is from one.
-        let rows = sqlx::query(&format!(
-            "SELECT {GARBAGE} FROM blobs b
-              WHERE b.id IN (SELECT CAST(value AS BIGINT) FROM {}) AND b.touched_at < $2
-                AND NOT EXISTS (SELECT 1 FROM manifest_blobs r
-                                 WHERE r.blob_id = b.id
-                                   AND NOT r.manifest_id IN (SELECT CAST(value AS BIGINT) FROM {}))
-                AND NOT EXISTS ({})",
-            self.dialect.text_set("$1"),
-            self.dialect.text_set("$3"),
-            range_chunks_of_b!(),
-        ))
-        .bind(text_list(batch.iter().map(String::as_str)))
-        .bind(touched_before)
-        .bind(doomed)
-        .fetch_all(&self.reader)
-        .await?;
-        for row in &rows {
-            let g = garbage_from_row(row)?;
-            estimate.blobs += 1;
-            if g.own_bytes {
-                estimate.bytes += g.size;
-            }
-            if let Some(pack) = g.pack {
-                let (chunks, bytes) = freed.entry(pack.as_str().to_owned()).or_default();
-                *chunks += 1;
-                *bytes += g.size;
-            }
-        }
-        Ok(())
-    }
-
-    /// Adds to `estimate` the packs of `batch` old enough to collect whose every chunk is among
-    /// those `freed` (chunks, bytes per pack); returns their bytes.
-    async fn estimate_packs(
-        &self,
-        batch: &[String],
-        created_before: i64,
-        freed: &HashMap<String, (u64, u64)>,
-        estimate: &mut GcEstimate,
-    ) -> Result<u64, StorageError> {
-        if batch.is_empty() {
-            return Ok(0);
-        }
-        let rows = sqlx::query(&format!(
-            "SELECT p.id, p.size, (SELECT COUNT(*) FROM blobs b WHERE b.pack_id = p.id) AS live
-               FROM packs p WHERE p.id IN (SELECT value FROM {}) AND p.committed AND p.created_at < $2
-                AND (p.moved_at IS NULL OR p.moved_at <= $2)",
-            self.dialect.text_set("$1")
-        ))
-        .bind(text_list(batch.iter().map(String::as_str)))
-        .bind(created_before)
-        .fetch_all(&self.reader)
-        .await?;
-        let mut collected = 0;
-        for row in &rows {
-            let id: String = row.try_get("id")?;
-            let size: i64 = row.try_get("size")?;
-            let live: i64 = row.try_get("live")?;
-            if live as u64 <= freed.get(&id).map_or(0, |f| f.0) {
-                estimate.packs += 1;
-                estimate.bytes += size as u64;
-                collected += size as u64;
-            }
-        }
-        Ok(collected)
     }
 
     /// Takes the rows of `table` whose `column` is in the JSON array `set` `FOR UPDATE`, in
@@ -275,7 +193,7 @@ impl SqlMetadataStore {
     /// The ids of the manifests purging `purged` removes: those, and recursively the children no
     /// remaining manifest lists and no tag names (what `purge_manifests` does). A few statements
     /// per level of the tree, however many manifests go.
-    async fn doomed_manifests(
+    pub(super) async fn doomed_manifests(
         &self,
         purged: &[(RepoName, Digest)],
     ) -> Result<Vec<i64>, StorageError> {
@@ -635,106 +553,7 @@ impl GcMeta for SqlMetadataStore {
         touched_before: i64,
         created_before: i64,
     ) -> Result<GcEstimate, StorageError> {
-        // The manifests that go, by id, and the blobs they reference that are not queued yet
-        // (their rows go, and the trigger queues them, during the pass).
-        let doomed_ids: Vec<String> = self
-            .doomed_manifests(purged)
-            .await?
-            .iter()
-            .map(i64::to_string)
-            .collect();
-        let mut unqueued: HashSet<String> = HashSet::new();
-        for batch in doomed_ids.chunks(PURGE_ESTIMATE_BATCH) {
-            let targets: Vec<String> = sqlx::query_scalar(&format!(
-                "SELECT DISTINCT CAST(r.blob_id AS TEXT) FROM manifest_blobs r
-                  WHERE r.manifest_id {}
-                    AND NOT EXISTS (SELECT 1 FROM gc_candidates c WHERE c.blob_id = r.blob_id)",
-                self.dialect.in_ids("$1")
-            ))
-            .bind(text_list(batch.iter().map(String::as_str)))
-            .fetch_all(&self.reader)
-            .await?;
-            unqueued.extend(targets);
-        }
-        let doomed_set = text_list(doomed_ids.iter().map(String::as_str));
-        let mut estimate = GcEstimate::default();
-        // Before the candidates are read: a push meanwhile can only add live bytes.
-        let (stored, live) = self.pack_totals().await?;
-        let mut freed: HashMap<String, (u64, u64)> = HashMap::new();
-        // The candidates a pass would look at: the queued ones, a page at a time...
-        let mut after = first_key("blob_id").to_owned();
-        loop {
-            let (batch, next) = self
-                .candidate_batch("gc_candidates", "blob_id", &after, ESTIMATE_BATCH)
-                .await?;
-            // A purge running beside this read (the janitor's) queues blobs read as unqueued
-            // above; each is counted once, here.
-            for id in &batch {
-                unqueued.remove(id);
-            }
-            self.estimate_blobs(
-                &batch,
-                touched_before,
-                &doomed_set,
-                &mut estimate,
-                &mut freed,
-            )
-            .await?;
-            match next {
-                Some(next) => after = next,
-                None => break,
-            }
-        }
-        // ...and the unqueued ones.
-        let unqueued: Vec<String> = unqueued.into_iter().collect();
-        for batch in unqueued.chunks(ESTIMATE_BATCH as usize) {
-            self.estimate_blobs(
-                batch,
-                touched_before,
-                &doomed_set,
-                &mut estimate,
-                &mut freed,
-            )
-            .await?;
-        }
-        // Packs every chunk of which goes, then the queued ones no chunk lives in.
-        let freeing: Vec<String> = freed.keys().cloned().collect();
-        let mut collected = 0;
-        for batch in freeing.chunks(ESTIMATE_BATCH as usize) {
-            collected += self
-                .estimate_packs(batch, created_before, &freed, &mut estimate)
-                .await?;
-        }
-        let mut after = first_key("pack_id").to_owned();
-        loop {
-            let (batch, next) = self
-                .candidate_batch("gc_pack_candidates", "pack_id", &after, ESTIMATE_BATCH)
-                .await?;
-            let batch: Vec<String> = batch
-                .into_iter()
-                .filter(|p| !freed.contains_key(p))
-                .collect();
-            collected += self
-                .estimate_packs(&batch, created_before, &freed, &mut estimate)
-                .await?;
-            match next {
-                Some(next) => after = next,
-                None => break,
-            }
-        }
-        // A pack the pass removes takes its dead bytes with it; the chunks it collects in the
-        // others leave theirs behind (docs/gc.md: a pack keeps its bytes while a chunk lives).
-        let dead = stored.saturating_sub(live);
-        let freed_bytes: u64 = freed.values().map(|f| f.1).sum();
-        estimate.pack_bytes = stored;
-        estimate.pack_dead_bytes = dead;
-        estimate.pack_bytes_after = stored.saturating_sub(collected);
-        estimate.pack_dead_bytes_after = (dead + freed_bytes).saturating_sub(collected);
-        estimate.pack_freed = freed
-            .into_iter()
-            .map(|(id, (_, bytes))| Ok((parse_pack(&id)?, bytes)))
-            .collect::<Result<_, StorageError>>()?;
-        Ok(estimate)
+        self.estimate(purged, touched_before, created_before).await
     }
 }
 

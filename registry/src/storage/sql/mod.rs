@@ -10,6 +10,7 @@
 mod blobs;
 mod compact;
 mod dialect;
+mod estimate;
 mod gc;
 mod jobs;
 mod leases;
