@@ -10,11 +10,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures_util::StreamExt;
 
-use super::{GcReport, Progress};
+use super::report::Plan;
 use crate::service::{ChunkCheck, Service};
 use crate::storage::{
     ByteRange, ByteStream, ChunkMove, PackId, PackUse, StorageError, VerifyFuture,
@@ -25,21 +24,12 @@ use vial_core::error_chain;
 const PACK_TARGET: u64 = 64 << 20;
 
 /// Packs looked at per pass, the emptiest first.
-const CANDIDATES: u32 = 100_000;
-
-/// What compaction would do, or did: the packs it rewrites, their live bytes (written again)
-/// and their dead bytes (which go with them).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Plan {
-    pub packs: u64,
-    pub live: u64,
-    pub dead: u64,
-}
+pub(super) const CANDIDATES: u32 = 100_000;
 
 /// The packs a pass compacts, from those with dead bytes (`live` as the pass will leave it):
 /// every one whose dead bytes are at least `threshold` of it, the most dead bytes first, until
 /// their live bytes reach `budget` (the pack that reaches it is the last).
-pub(crate) fn choose(mut packs: Vec<PackUse>, threshold: f64, budget: u64) -> Vec<PackUse> {
+pub(super) fn choose(mut packs: Vec<PackUse>, threshold: f64, budget: u64) -> Vec<PackUse> {
     packs.retain(|p| p.live > 0 && p.dead() > 0 && p.dead() as f64 >= threshold * p.size as f64);
     packs.sort_by(|a, b| b.dead().cmp(&a.dead()).then_with(|| a.id.cmp(&b.id)));
     let mut live = 0;
@@ -55,7 +45,7 @@ pub(crate) fn choose(mut packs: Vec<PackUse>, threshold: f64, budget: u64) -> Ve
 }
 
 /// What compacting `packs` means, in sums.
-pub(crate) fn sum(packs: &[PackUse]) -> Plan {
+pub(super) fn sum(packs: &[PackUse]) -> Plan {
     Plan {
         packs: packs.len() as u64,
         live: packs.iter().map(|p| p.live).sum(),
@@ -64,7 +54,7 @@ pub(crate) fn sum(packs: &[PackUse]) -> Plan {
 }
 
 /// The threshold as the thousandths the metadata store filters by.
-fn permille(threshold: f64) -> u32 {
+pub(super) fn permille(threshold: f64) -> u32 {
     (threshold.clamp(0.0, 1.0) * 1000.0).floor() as u32
 }
 
@@ -93,63 +83,25 @@ pub(crate) async fn estimate(
     Ok(sum(&chosen))
 }
 
-/// The packs as they are: their bytes, the dead bytes among them, and what compaction would do
-/// with them now (before collecting anything more), for /metrics and the storage page.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct PackState {
-    pub bytes: u64,
-    pub dead: u64,
-    pub compactable: Plan,
-}
-
-impl Service {
-    /// [`PackState`]: one row per pack read, and one per pack over the threshold.
-    pub(crate) async fn pack_state(&self) -> Result<PackState, StorageError> {
-        let (bytes, live) = self.meta.pack_totals().await?;
-        let budget = self.config.gc_compact_bytes;
-        let compactable = if budget == 0 {
-            Plan::default()
-        } else {
-            let threshold = self.config.gc_compact_threshold;
-            let before = super::cutoff(&self.config);
-            let packs = self
-                .meta
-                .packs_with_dead_bytes(before, permille(threshold), CANDIDATES)
-                .await?;
-            sum(&choose(packs, threshold, budget))
-        };
-        Ok(PackState {
-            bytes,
-            dead: bytes.saturating_sub(live),
-            compactable,
-        })
-    }
-}
-
-/// Compacts the packs [`choose`] picks, a group of them into each new pack, and adds what it did
-/// to `report`. A group that fails is logged and left as it was: the next pass tries again.
-pub(super) async fn compact(
+/// The packs a pass compacts ([`choose`]), in groups whose live bytes fill a new pack each.
+pub(super) async fn groups(
     service: &Service,
     before: i64,
-    report: &mut GcReport,
-    progress: &mut Progress<'_>,
-) -> Result<(), StorageError> {
+) -> Result<Vec<Vec<PackUse>>, StorageError> {
     let (threshold, budget) = (
         service.config.gc_compact_threshold,
         service.config.gc_compact_bytes,
     );
     if budget == 0 {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let started = Instant::now();
     let packs = service
         .meta
         .packs_with_dead_bytes(before, permille(threshold), CANDIDATES)
         .await?;
-    let chosen = choose(packs, threshold, budget);
-    let mut group: Vec<PackUse> = Vec::new();
     let mut groups = Vec::new();
-    for p in chosen {
+    let mut group: Vec<PackUse> = Vec::new();
+    for p in choose(packs, threshold, budget) {
         let full = group.iter().map(|p| p.live).sum::<u64>() + p.live > PACK_TARGET;
         if full && !group.is_empty() {
             groups.push(std::mem::take(&mut group));
@@ -159,30 +111,13 @@ pub(super) async fn compact(
     if !group.is_empty() {
         groups.push(group);
     }
-    for group in groups {
-        match compact_group(service, &group).await {
-            Ok(Some((to, chunks, moved, written))) => {
-                tracing::info!(pack = %to, from = group.len(), chunks, moved, written, "packs compacted");
-                report.packs_compacted += group.len() as u64;
-                report.rewritten_bytes += written;
-                report.compacted_dead_bytes += group.iter().map(PackUse::dead).sum::<u64>();
-            }
-            Ok(None) => {}
-            Err(e) => {
-                let ids: Vec<&str> = group.iter().map(|p| p.id.as_str()).collect();
-                tracing::warn!(packs = ?ids, error = %error_chain(&e), "could not compact packs; the next pass tries again");
-            }
-        }
-        report.compact_seconds = started.elapsed().as_secs_f64();
-        progress.record(report).await;
-    }
-    Ok(())
+    Ok(groups)
 }
 
 /// Rewrites the live chunks of `group` into one new pack and moves them there. Returns the new
 /// pack, the chunks moved and their bytes, and the bytes written; `None` when no chunk was left
 /// to move.
-async fn compact_group(
+pub(super) async fn compact_group(
     service: &Service,
     group: &[PackUse],
 ) -> Result<Option<(PackId, u64, u64, u64)>, StorageError> {

@@ -13,7 +13,7 @@ use vial_core::Digest;
 
 pub(crate) mod compact;
 pub(crate) mod report;
-pub use report::{GcMetrics, GcReport};
+pub use report::{GcMetrics, GcReport, PackState, Plan};
 
 use super::Service;
 use crate::storage::{now_millis, BytesDeletion, Garbage, Job, PackId, StorageError};
@@ -134,7 +134,7 @@ pub async fn collect(
         let cutoff = cutoff(&service.config);
         collect_blobs(service, cutoff, &mut report, &mut progress).await?;
         // Then the packs whose dead bytes pass the threshold have their live chunks rewritten.
-        compact::compact(service, cutoff, &mut report, &mut progress).await?;
+        compact_packs(service, cutoff, &mut report, &mut progress).await?;
         // Packs no chunk lives in go last (a pack is kept while any chunk in it lives:
         // docs/gc.md), those emptied by compaction once the grace period since has passed: the
         // cutoff as of now, which with no grace period includes the moves just made.
@@ -319,6 +319,60 @@ async fn collect_packs(
             Some(next) => after = Some(next),
             None => return Ok(()),
         }
+    }
+}
+
+/// Compacts the packs whose dead share passed the threshold, a group into each new pack
+/// (docs/gc.md, "Compaction"), adding what it did to `report`. A group that fails is logged and
+/// left as it was: the next pass tries again.
+async fn compact_packs(
+    service: &Service,
+    before: i64,
+    report: &mut GcReport,
+    progress: &mut Progress<'_>,
+) -> Result<(), StorageError> {
+    let started = Instant::now();
+    for group in compact::groups(service, before).await? {
+        match compact::compact_group(service, &group).await {
+            Ok(Some((to, chunks, moved, written))) => {
+                tracing::info!(pack = %to, from = group.len(), chunks, moved, written, "packs compacted");
+                report.packs_compacted += group.len() as u64;
+                report.rewritten_bytes += written;
+                report.compacted_dead_bytes += group.iter().map(|p| p.dead()).sum::<u64>();
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let ids: Vec<&str> = group.iter().map(|p| p.id.as_str()).collect();
+                tracing::warn!(packs = ?ids, error = %error_chain(&e), "could not compact packs; the next pass tries again");
+            }
+        }
+        report.compact_seconds = started.elapsed().as_secs_f64();
+        progress.record(report).await;
+    }
+    Ok(())
+}
+
+impl Service {
+    /// [`PackState`]: one row per pack read, and one per pack over the threshold.
+    pub(crate) async fn pack_state(&self) -> Result<PackState, StorageError> {
+        let (bytes, live) = self.meta.pack_totals().await?;
+        let budget = self.config.gc_compact_bytes;
+        let compactable = if budget == 0 {
+            Plan::default()
+        } else {
+            let threshold = self.config.gc_compact_threshold;
+            let before = cutoff(&self.config);
+            let packs = self
+                .meta
+                .packs_with_dead_bytes(before, compact::permille(threshold), compact::CANDIDATES)
+                .await?;
+            compact::sum(&compact::choose(packs, threshold, budget))
+        };
+        Ok(PackState {
+            bytes,
+            dead: bytes.saturating_sub(live),
+            compactable,
+        })
     }
 }
 

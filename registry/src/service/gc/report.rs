@@ -43,6 +43,24 @@ pub struct GcReport {
     pub pack_dead_bytes_after: Option<u64>,
 }
 
+/// What compaction would do, or did: the packs it rewrites, their live bytes (written again)
+/// and their dead bytes (which go with them).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub packs: u64,
+    pub live: u64,
+    pub dead: u64,
+}
+
+/// The packs as they are: their bytes, the dead bytes among them, and what compaction would do
+/// with them now (before collecting anything more), for /metrics and the storage page.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PackState {
+    pub bytes: u64,
+    pub dead: u64,
+    pub compactable: Plan,
+}
+
 /// Counters for `/metrics`.
 #[derive(Debug, Default)]
 pub struct GcMetrics {
@@ -62,7 +80,7 @@ impl GcMetrics {
     }
 
     /// The counters, and the packs' state as gauges when it could be read.
-    pub fn render(&self, out: &mut String, packs: Option<super::compact::PackState>) {
+    pub fn render(&self, out: &mut String, packs: Option<PackState>) {
         use crate::metrics::write_counter;
         if let Some(p) = packs {
             for (name, help, value) in [
