@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::gc::{assert_reads_back, gc, version_chunks, write_files, GC_NOW};
+use crate::gc::{assert_reads_back, bytes_only_in, gc, version_chunks, write_files, GC_NOW};
 use crate::support::mount::{fuse_available, Mount};
 use crate::support::vial::{assert_same_tree, push_json, vial, vial_ok};
 use crate::support::{backend, du, metric, Server};
@@ -45,13 +45,7 @@ fn two_versions(
     let old = push(h, &src, &volume, &[]);
     write_files(&src, &[("f6", seed * 100 + 50), ("f7", seed * 100 + 51)]);
     let new = push(h, &src, &volume, &["--tag", "kept"]);
-    let old_chunks = version_chunks(server, repo, &digest(&old));
-    let new_chunks = version_chunks(server, repo, &digest(&new));
-    let only_old: u64 = old_chunks
-        .iter()
-        .filter(|(d, _)| !new_chunks.contains_key(*d))
-        .map(|(_, size)| size)
-        .sum();
+    let only_old = bytes_only_in(server, repo, &digest(&old), &digest(&new));
     assert!(
         only_old >= 2 << 20,
         "the rewritten files' chunks: {only_old}"

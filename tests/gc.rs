@@ -502,6 +502,16 @@ fn a_pass_runs_as_a_job_that_needs_no_one_waiting() {
     );
 }
 
+/// The bytes of the chunks version `old` has and `new` has not.
+pub(crate) fn bytes_only_in(server: &Server, repo: &str, old: &str, new: &str) -> u64 {
+    let new_chunks = version_chunks(server, repo, new);
+    version_chunks(server, repo, old)
+        .iter()
+        .filter(|(d, _)| !new_chunks.contains_key(*d))
+        .map(|(_, size)| size)
+        .sum()
+}
+
 /// The chunks (digest → size) of a version: the layers of its part manifests.
 pub(crate) fn version_chunks(server: &Server, repo: &str, digest: &str) -> HashMap<String, u64> {
     manifest(server, repo, digest)["manifests"]
@@ -552,13 +562,7 @@ fn the_dry_run_counts_the_dead_bytes_packs_keep_and_the_pass_leaves_them_as_said
         .unwrap()
         .to_owned();
     let digest = |r: &str| r.rsplit_once('@').unwrap().1.to_owned();
-    let old_chunks = version_chunks(&server, "gc/dead", &digest(&old));
-    let new_chunks = version_chunks(&server, "gc/dead", &digest(&new));
-    let only_old: u64 = old_chunks
-        .iter()
-        .filter(|(d, _)| !new_chunks.contains_key(*d))
-        .map(|(_, size)| size)
-        .sum();
+    let only_old = bytes_only_in(&server, "gc/dead", &digest(&old), &digest(&new));
     assert!(
         only_old >= 1 << 20,
         "the rewritten file's chunks: {only_old}"

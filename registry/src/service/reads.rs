@@ -16,8 +16,8 @@ use vial_core::{Digest, RepoName};
 
 use super::Service;
 use crate::storage::{
-    read_located, BlobLocation, BlobStore, ByteRange, ByteStream, MetadataStore, Source,
-    StorageError,
+    failed_stream, read_located, BlobLocation, BlobStore, ByteRange, ByteStream, MetadataStore,
+    Source, StorageError,
 };
 
 /// Segments of a bulk read being read at once: the one streaming and the next.
@@ -113,11 +113,11 @@ impl Service {
                             Ok(Some(stream)) => stream,
                             Ok(None) => {
                                 tracing::error!(%repo, digest = %segment.digest, "blob is linked in metadata but missing from the blob store");
-                                failed("a blob's bytes are missing")
+                                failed_stream("a blob's bytes are missing")
                             }
                             Err(e) => {
                                 tracing::error!(%repo, error = %vial_core::error_chain(&e), "bulk read failed");
-                                failed("storage failure")
+                                failed_stream("storage failure")
                             }
                         }
                     }
@@ -169,13 +169,6 @@ impl SegmentReader {
             futures_util::stream::iter(streams).flatten(),
         )))
     }
-}
-
-/// A stream that fails at once with `why`.
-fn failed(why: &'static str) -> ByteStream {
-    Box::pin(futures_util::stream::once(async move {
-        Err(std::io::Error::other(why))
-    }))
 }
 
 #[cfg(test)]

@@ -13,6 +13,14 @@ use super::StorageError;
 /// A stream of body bytes, as read from a request or a stored blob.
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
 
+/// A stream that fails at once with `why`: what a reader gets for bytes it cannot have.
+pub fn failed_stream(why: impl Into<String>) -> ByteStream {
+    let why = why.into();
+    Box::pin(futures_util::stream::once(async move {
+        Err(std::io::Error::other(why))
+    }))
+}
+
 /// Says, once a streamed body has ended, whether it had the claimed digest.
 pub type VerifyFuture = Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 

@@ -13,7 +13,7 @@ mod metadata;
 pub(crate) mod s3;
 mod sql;
 
-pub use blob::{BlobStore, ByteRange, ByteStream, PackId, VerifyFuture};
+pub use blob::{failed_stream, BlobStore, ByteRange, ByteStream, PackId, VerifyFuture};
 pub use compact::{ChunkMove, CompactMeta, PackChunk, PackUse};
 pub use fs::FsBlobStore;
 pub use metadata::{

@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use super::report::Plan;
 use crate::service::{ChunkCheck, Service};
 use crate::storage::{
-    ByteRange, ByteStream, ChunkMove, PackId, PackUse, StorageError, VerifyFuture,
+    failed_stream, ByteRange, ByteStream, ChunkMove, PackId, PackUse, StorageError, VerifyFuture,
 };
 use vial_core::error_chain;
 
@@ -83,11 +83,8 @@ pub(crate) async fn estimate(
     Ok(sum(&chosen))
 }
 
-/// The packs a pass compacts ([`choose`]), in groups whose live bytes fill a new pack each.
-pub(super) async fn groups(
-    service: &Service,
-    before: i64,
-) -> Result<Vec<Vec<PackUse>>, StorageError> {
+/// The packs a pass compacts now ([`choose`] among those the store finds with dead bytes).
+pub(super) async fn chosen(service: &Service, before: i64) -> Result<Vec<PackUse>, StorageError> {
     let (threshold, budget) = (
         service.config.gc_compact_threshold,
         service.config.gc_compact_bytes,
@@ -99,9 +96,14 @@ pub(super) async fn groups(
         .meta
         .packs_with_dead_bytes(before, permille(threshold), CANDIDATES)
         .await?;
+    Ok(choose(packs, threshold, budget))
+}
+
+/// `packs` in groups whose live bytes fill a new pack each.
+pub(super) fn groups(packs: Vec<PackUse>) -> Vec<Vec<PackUse>> {
     let mut groups = Vec::new();
     let mut group: Vec<PackUse> = Vec::new();
-    for p in choose(packs, threshold, budget) {
+    for p in packs {
         let full = group.iter().map(|p| p.live).sum::<u64>() + p.live > PACK_TARGET;
         if full && !group.is_empty() {
             groups.push(std::mem::take(&mut group));
@@ -111,7 +113,7 @@ pub(super) async fn groups(
     if !group.is_empty() {
         groups.push(group);
     }
-    Ok(groups)
+    groups
 }
 
 /// Rewrites the live chunks of `group` into one new pack and moves them there. Returns the new
@@ -169,8 +171,8 @@ pub(super) async fn compact_group(
                 async move {
                     match blobs.read_pack(&pack, range).await {
                         Ok(Some(stream)) => stream,
-                        Ok(None) => failed(format!("pack {pack} is gone")),
-                        Err(e) => failed(error_chain(&e)),
+                        Ok(None) => failed_stream(format!("pack {pack} is gone")),
+                        Err(e) => failed_stream(error_chain(&e)),
                     }
                 }
             })
@@ -210,13 +212,6 @@ pub(super) async fn compact_group(
             Err(e)
         }
     }
-}
-
-/// A stream that fails at once.
-fn failed(why: String) -> ByteStream {
-    Box::pin(futures_util::stream::once(async move {
-        Err(std::io::Error::other(why))
-    }))
 }
 
 #[cfg(test)]

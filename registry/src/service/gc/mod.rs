@@ -332,7 +332,7 @@ async fn compact_packs(
     progress: &mut Progress<'_>,
 ) -> Result<(), StorageError> {
     let started = Instant::now();
-    for group in compact::groups(service, before).await? {
+    for group in compact::groups(compact::chosen(service, before).await?) {
         match compact::compact_group(service, &group).await {
             Ok(Some((to, chunks, moved, written))) => {
                 tracing::info!(pack = %to, from = group.len(), chunks, moved, written, "packs compacted");
@@ -356,18 +356,7 @@ impl Service {
     /// [`PackState`]: one row per pack read, and one per pack over the threshold.
     pub(crate) async fn pack_state(&self) -> Result<PackState, StorageError> {
         let (bytes, live) = self.meta.pack_totals().await?;
-        let budget = self.config.gc_compact_bytes;
-        let compactable = if budget == 0 {
-            Plan::default()
-        } else {
-            let threshold = self.config.gc_compact_threshold;
-            let before = cutoff(&self.config);
-            let packs = self
-                .meta
-                .packs_with_dead_bytes(before, compact::permille(threshold), compact::CANDIDATES)
-                .await?;
-            compact::sum(&compact::choose(packs, threshold, budget))
-        };
+        let compactable = compact::sum(&compact::chosen(self, cutoff(&self.config)).await?);
         Ok(PackState {
             bytes,
             dead: bytes.saturating_sub(live),
