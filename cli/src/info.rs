@@ -258,12 +258,14 @@ pub fn run_diff(args: DiffArgs) -> anyhow::Result<()> {
     let registry_a = args.registry.connect(a.registry())?;
     let registry_b = args.registry.connect(b.registry())?;
     block_on(async {
-        let va = volume::open(&registry_a, a.repo(), &a.target())
-            .await
-            .with_context(|| format!("cannot open {a}"))?;
-        let vb = volume::open(&registry_b, b.repo(), &b.target())
-            .await
-            .with_context(|| format!("cannot open {b}"))?;
+        // Both at once: each is a few round trips and, for a large tree, a parse.
+        let (ta, tb) = (a.target(), b.target());
+        let (va, vb) = tokio::join!(
+            volume::open(&registry_a, a.repo(), &ta),
+            volume::open(&registry_b, b.repo(), &tb),
+        );
+        let va = va.with_context(|| format!("cannot open {a}"))?;
+        let vb = vb.with_context(|| format!("cannot open {b}"))?;
         let d = vial_core::volume::diff::diff_trees(&va.tree, &vb.tree);
         if args.json {
             return print_json(&serde_json::json!({

@@ -458,6 +458,16 @@ impl Tree {
         serde_json::to_vec(&out).unwrap_or_default()
     }
 
+    /// The entry at `path`. Entries are sorted by path (the builder writes them so, and a reader
+    /// refuses a tree that is not), so this is a binary search.
+    pub fn entry(&self, path: &str) -> Option<&Entry> {
+        let at = self
+            .entries
+            .binary_search_by(|e| e.path.as_str().cmp(path))
+            .ok()?;
+        self.entries.get(at)
+    }
+
     pub fn file_count(&self) -> usize {
         self.entries
             .iter()

@@ -19,46 +19,37 @@ pub struct TreeDiff {
     pub chunks_to_fetch: usize,
 }
 
-/// Compares two trees: an entry changed if its kind, mode, target or chunks differ.
+/// Compares two trees: an entry changed if its kind, mode, target or chunks (by digest) differ.
+/// Both trees' entries are sorted by path (a reader refuses a tree that is not), so one walk over
+/// both in step finds every difference, in path order, without a copy of either.
 pub fn diff_trees(a: &Tree, b: &Tree) -> TreeDiff {
-    let key = |t: &Tree| -> HashMap<String, String> {
-        t.entries
-            .iter()
-            .map(|e| {
-                let k = match &e.kind {
-                    EntryKind::File { mode, chunks, .. } => {
-                        let digests: Vec<&str> = chunks
-                            .iter()
-                            .map(|&c| t.chunks[c as usize].digest.as_str())
-                            .collect();
-                        format!("file {mode:o} {}", digests.join(","))
-                    }
-                    EntryKind::Dir { mode } => format!("dir {mode:o}"),
-                    EntryKind::Symlink { target } => format!("symlink {target}"),
-                };
-                (e.path.clone(), k)
-            })
-            .collect()
-    };
-    let (ka, kb) = (key(a), key(b));
-    let mut added: Vec<String> = kb
-        .keys()
-        .filter(|p| !ka.contains_key(*p))
-        .cloned()
-        .collect();
-    let mut removed: Vec<String> = ka
-        .keys()
-        .filter(|p| !kb.contains_key(*p))
-        .cloned()
-        .collect();
-    let mut changed: Vec<String> = kb
-        .iter()
-        .filter(|(p, k)| ka.get(*p).is_some_and(|old| old != *k))
-        .map(|(p, _)| p.clone())
-        .collect();
-    added.sort();
-    removed.sort();
-    changed.sort();
+    let (mut added, mut removed, mut changed) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < a.entries.len() || j < b.entries.len() {
+        let (x, y) = (a.entries.get(i), b.entries.get(j));
+        match (x, y) {
+            (Some(x), Some(y)) if x.path == y.path => {
+                if !same_entry(a, &x.kind, b, &y.kind) {
+                    changed.push(y.path.clone());
+                }
+                i += 1;
+                j += 1;
+            }
+            (Some(x), Some(y)) if x.path < y.path => {
+                removed.push(x.path.clone());
+                i += 1;
+            }
+            (Some(x), None) => {
+                removed.push(x.path.clone());
+                i += 1;
+            }
+            (_, Some(y)) => {
+                added.push(y.path.clone());
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
     let have: HashSet<&Digest> = a.chunks.iter().map(|c| &c.digest).collect();
     let fetch: Vec<_> = b
         .chunks
@@ -74,9 +65,34 @@ pub fn diff_trees(a: &Tree, b: &Tree) -> TreeDiff {
     }
 }
 
+/// Whether entry `x` of tree `a` and entry `y` of tree `b` hold the same thing: the same kind
+/// and mode, and a file the same chunks (compared by digest: each tree numbers its own chunks)
+/// or a symlink the same target.
+fn same_entry(a: &Tree, x: &EntryKind, b: &Tree, y: &EntryKind) -> bool {
+    match (x, y) {
+        (
+            EntryKind::File {
+                mode: m, chunks: c, ..
+            },
+            EntryKind::File {
+                mode: n, chunks: d, ..
+            },
+        ) => {
+            m == n
+                && c.len() == d.len()
+                && c.iter()
+                    .zip(d)
+                    .all(|(&c, &d)| a.chunks[c as usize].digest == b.chunks[d as usize].digest)
+        }
+        (EntryKind::Dir { mode: m }, EntryKind::Dir { mode: n }) => m == n,
+        (EntryKind::Symlink { target: s }, EntryKind::Symlink { target: t }) => s == t,
+        _ => false,
+    }
+}
+
 /// A file's chunks as byte ranges: `(offset in the file, size, digest)`, in order.
 pub fn file_chunks<'a>(tree: &'a Tree, path: &str) -> Option<Vec<(u64, u64, &'a Digest)>> {
-    let entry = tree.entries.iter().find(|e| e.path == path)?;
+    let entry = tree.entry(path)?;
     let EntryKind::File { chunks, .. } = &entry.kind else {
         return None;
     };
@@ -169,6 +185,7 @@ pub fn tensor_changes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volume::{ChunkRef, ChunkingInfo, TreeBuilder};
     use crate::Algorithm;
 
     fn span(name: &str, start: u64, end: u64) -> TensorSpan {
@@ -177,6 +194,90 @@ mod tests {
             start,
             end,
         }
+    }
+
+    fn chunk(name: &str, size: u64) -> ChunkRef {
+        ChunkRef {
+            digest: Algorithm::Sha256.digest_bytes(name.as_bytes()),
+            size,
+        }
+    }
+
+    /// Builds a tree from (path, what): `f:c1,c2` a file of those chunks, `x:…` the same but
+    /// executable, `d` a directory, `l:target` a symlink.
+    fn tree(entries: &[(&str, &str)]) -> Tree {
+        let mut b = TreeBuilder::new(ChunkingInfo::v1(crate::chunking::DEFAULT_PARAMS));
+        for (path, what) in entries {
+            match what.split_once(':') {
+                Some(("f" | "x", chunks)) => {
+                    let mode = if what.starts_with('x') { 0o755 } else { 0o644 };
+                    let chunks = chunks
+                        .split(',')
+                        .filter(|c| !c.is_empty())
+                        .map(|c| chunk(c, c.len() as u64 * 10))
+                        .collect();
+                    b.add_file(path, mode, chunks).unwrap();
+                }
+                Some(("l", target)) => b.add_symlink(path, target).unwrap(),
+                _ => b.add_dir(path).unwrap(),
+            }
+        }
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn trees_differ_by_path_kind_mode_target_and_chunk_digests_not_chunk_numbers() {
+        let old = tree(&[
+            ("a/first", "f:one,two"),
+            ("a/same", "f:three"),
+            ("a/gone", "f:four"),
+            ("b", "d"),
+            ("link", "l:a/first"),
+            ("mode", "f:five"),
+            ("was-file", "f:six"),
+            ("z-empty", "f:"),
+        ]);
+        let new = tree(&[
+            // A new first file renumbers every chunk after it: "same" keeps its content.
+            ("0-new", "f:seven,eight"),
+            ("a/first", "f:one,nine"),
+            ("a/same", "f:three"),
+            ("b", "d"),
+            ("b/inside", "f:two"),
+            ("link", "l:a/same"),
+            ("mode", "x:five"),
+            ("was-file", "d"),
+            ("z-empty", "f:"),
+        ]);
+        let d = diff_trees(&old, &new);
+        assert_eq!(d.added, ["0-new", "b/inside"]);
+        assert_eq!(d.removed, ["a/gone"]);
+        assert_eq!(d.changed, ["a/first", "link", "mode", "was-file"]);
+        // seven, eight and nine are new; two moved to b/inside and is had.
+        assert_eq!(d.chunks_to_fetch, 3);
+        assert_eq!(d.bytes_to_fetch, 50 + 50 + 40);
+        let back = diff_trees(&new, &old);
+        assert_eq!(back.added, d.removed);
+        assert_eq!(back.removed, d.added);
+        assert_eq!(back.changed, d.changed);
+        let same = diff_trees(&new, &new);
+        assert!(same.added.is_empty() && same.removed.is_empty() && same.changed.is_empty());
+        assert_eq!(same.chunks_to_fetch, 0);
+    }
+
+    #[test]
+    fn an_entry_is_found_by_path_among_many() {
+        let names: Vec<String> = (0..1000).map(|i| format!("d{}/f{i:04}", i % 7)).collect();
+        let entries: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "f:")).collect();
+        let t = tree(&entries);
+        for n in &names {
+            assert_eq!(t.entry(n).map(|e| e.path.as_str()), Some(n.as_str()));
+        }
+        assert!(t
+            .entry("d0")
+            .is_some_and(|e| matches!(e.kind, EntryKind::Dir { .. })));
+        assert!(t.entry("d0/f0001").is_none());
+        assert!(t.entry("").is_none());
     }
 
     #[test]

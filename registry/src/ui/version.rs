@@ -202,11 +202,9 @@ pub(super) async fn compare(
         return Err(not_volume(&b));
     };
     let d = diff_trees(&old, &new);
-    let size_of = |tree: &Tree, path: &str| {
-        tree.entries.iter().find_map(|e| match &e.kind {
-            EntryKind::File { size, .. } if e.path == path => Some(*size),
-            _ => None,
-        })
+    let size_of = |tree: &Tree, path: &str| match tree.entry(path).map(|e| &e.kind) {
+        Some(EntryKind::File { size, .. }) => Some(*size),
+        _ => None,
     };
     // Which tensors changed, for each changed file both sides parse as safetensors.
     let mut tensors = Vec::new();
