@@ -13,6 +13,7 @@ mod containerd;
 mod content;
 mod cri;
 mod data;
+mod entries;
 mod files;
 mod fleet;
 mod follow;
@@ -78,6 +79,9 @@ enum Command {
     Follow(follow::FollowArgs),
     /// The web UI: each page's server time with 10,000 versions in one volume.
     Ui(ui::UiArgs),
+    /// What reads a whole tree (`vial inspect`, `diff`, `versions`, the UI's version pages) with
+    /// 10,000 and 1,000,000 entries.
+    Entries(entries::EntriesArgs),
     /// The file-per-layer client `files` measures (run by the benchmark itself).
     #[command(hide = true)]
     FilesClient(files::ClientArgs),
@@ -102,6 +106,7 @@ fn main() -> Result<()> {
                 Command::Fleet(args) => fleet::fleet(args).await,
                 Command::Follow(args) => follow::follow(args).await,
                 Command::Ui(args) => ui::ui(args).await,
+                Command::Entries(args) => entries::entries(args).await,
                 Command::FilesClient(args) => files::client(args).await,
             }
         };
