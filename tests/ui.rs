@@ -399,3 +399,53 @@ fn a_private_repository_is_invisible_to_anonymous_visitors_and_visible_once_sign
     let html = browser.open(&format!("{base}/ui/"));
     assert!(!html.contains("secret-model"));
 }
+
+/// A version whose tree is larger than the registry reads for the UI (`--ui-max-tree`, here a
+/// few hundred bytes) still has a page: the figures its index gives and the command that lists
+/// its files; comparing it names the `vial diff` to run. Below the limit, the same volume's page
+/// lists its files.
+#[test]
+fn a_version_whose_tree_is_over_the_ui_limit_is_shown_from_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = Server::start_on(&dir.path().join("small"), &["--ui-max-tree", "300"]);
+    let large = Server::start_on(&dir.path().join("large"), &[]);
+    let home = dir.path().join("home");
+    let src = home.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..40 {
+        std::fs::write(src.join(format!("file-{i:03}.txt")), format!("{i}\n")).unwrap();
+    }
+    let page = |server: &Server, path: &str| {
+        let r = reqwest::blocking::get(format!("{}{path}", server.url())).unwrap();
+        let status = r.status();
+        let text = r.text().unwrap();
+        assert!(status.is_success(), "{path}: {status}: {text}");
+        text
+    };
+    for (server, over) in [(&small, true), (&large, false)] {
+        let repo = format!("{}/files/many", server.addr);
+        let first = push_json(&home, &src, &repo, &[]);
+        std::fs::write(src.join("file-000.txt"), "changed\n").unwrap();
+        let second = push_json(&home, &src, &repo, &[]);
+        std::fs::write(src.join("file-000.txt"), "0\n").unwrap();
+        let (a, b) = (
+            first["digest"].as_str().unwrap(),
+            second["digest"].as_str().unwrap(),
+        );
+        let version = page(server, &format!("/ui/r/files/many/-/v/{b}"));
+        let compare = page(server, &format!("/ui/r/files/many/-/compare?a={a}&b={b}"));
+        if over {
+            // The index's figures: 40 files of 2 or 3 bytes (`N\n`, and `changed\n`).
+            assert!(version.contains("<b>40</b>"), "{version}");
+            assert!(version.contains("vial inspect"), "{version}");
+            assert!(!version.contains("file-039.txt"), "{version}");
+            assert!(
+                compare.contains(&format!("vial diff {repo}@{a} {repo}@{b}")),
+                "{compare}"
+            );
+        } else {
+            assert!(version.contains("file-039.txt"), "{version}");
+            assert!(compare.contains("file-000.txt"), "{compare}");
+        }
+    }
+}

@@ -127,6 +127,12 @@ pub struct ServeArgs {
     #[arg(long, env = "VIAL_GC_COMPACT_BYTES", value_parser = crate::mount::parse_size)]
     gc_compact_bytes: Option<u64>,
 
+    /// The largest tree blob the web UI reads into memory to list a version's files or compare
+    /// two, e.g. 256MiB; a version with a larger tree is shown from what its index says, and
+    /// `vial inspect` and `vial diff` read it whole [default: 64MiB, about 800,000 entries].
+    #[arg(long, env = "VIAL_UI_MAX_TREE", value_parser = crate::mount::parse_size)]
+    ui_max_tree: Option<u64>,
+
     /// Another retention window for a namespace, e.g. `weights/prod=30d` (repeatable; the longest
     /// matching namespace wins).
     #[arg(long, value_name = "NAMESPACE=DURATION", value_parser = parse_namespace_retention)]
@@ -250,6 +256,7 @@ pub struct FileConfig {
     gc_grace: Option<Duration>,
     gc_compact_threshold: Option<String>,
     gc_compact_bytes: Option<String>,
+    ui_max_tree: Option<String>,
     /// `[namespace-retention]`: namespace = "duration".
     namespace_retention: Option<std::collections::BTreeMap<String, String>>,
     /// `[[tag-rules]]`: tag protection.
@@ -382,6 +389,15 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
             config.gc_compact_threshold = parse_share(text)
                 .map_err(anyhow::Error::msg)
                 .context("gc-compact-threshold in the config file")?
+        }
+        (None, None) => {}
+    }
+    match (args.ui_max_tree, &file.ui_max_tree) {
+        (Some(bytes), _) => config.ui_max_tree = bytes,
+        (None, Some(text)) => {
+            config.ui_max_tree = crate::mount::parse_size(text)
+                .map_err(anyhow::Error::msg)
+                .context("ui-max-tree in the config file")?
         }
         (None, None) => {}
     }

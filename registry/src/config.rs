@@ -140,6 +140,9 @@ pub const DEFAULT_COMPACT_THRESHOLD: f64 = 0.1;
 /// The live bytes one pass of compaction rewrites at most.
 pub const DEFAULT_COMPACT_BYTES: u64 = 8 << 30;
 
+/// The largest tree blob the web UI reads (about 800,000 entries of short paths).
+pub const DEFAULT_UI_MAX_TREE: u64 = 64 << 20;
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub metadata: MetadataBackend,
@@ -181,6 +184,9 @@ pub struct Config {
     /// The live bytes compaction rewrites in one pass at most (it stops after the pack that
     /// reaches it); zero turns compaction off.
     pub gc_compact_bytes: u64,
+    /// The largest tree blob the web UI reads into memory to list a version's files or compare
+    /// two; a version whose tree is larger is shown from what its index says (docs/ui.md).
+    pub ui_max_tree: u64,
     /// The sources sync jobs may read, with where they are and the credentials to read them.
     /// Empty: sync is off.
     pub sync_sources: Vec<SyncSource>,
@@ -422,6 +428,7 @@ impl Config {
             gc_grace: Duration::from_secs(3600),
             gc_compact_threshold: DEFAULT_COMPACT_THRESHOLD,
             gc_compact_bytes: DEFAULT_COMPACT_BYTES,
+            ui_max_tree: DEFAULT_UI_MAX_TREE,
             sync_sources: Vec::new(),
             sparse_indexes: true,
             public_url: None,

@@ -3,32 +3,65 @@
 
 use futures_util::StreamExt;
 use vial_core::safetensors::{self, TensorSpan};
-use vial_core::volume::{chunks_from_part, tree_from_manifest, Tree, VolumeIndex};
+use vial_core::volume::{
+    chunks_from_part, tree_from_manifest, Tree, VolumeIndex, ANNOTATION_BYTES, ANNOTATION_CHUNKS,
+    ANNOTATION_FILES,
+};
 use vial_core::{Digest, RepoName, Target};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::service::Service;
 use crate::storage::StoredManifest;
 
-/// The largest tree blob or file header the UI reads into memory.
+/// The largest file header the UI reads into memory (trees: `ui_max_tree`).
 const MAX_READ: u64 = 64 << 20;
 
-/// A manifest as the UI shows it: a sealed volume with its tree, or any other manifest.
+/// A manifest as the UI shows it: a sealed volume with its tree, a volume whose tree is larger
+/// than the UI reads (`ui_max_tree`: what its index says of it), or any other manifest.
 pub(super) enum Opened {
     Volume { tree: Box<Tree> },
+    Large(LargeVolume),
     Other(StoredManifest),
+}
+
+/// A volume whose tree blob is larger than the UI reads into memory: what its index says.
+pub(super) struct LargeVolume {
+    pub tree_bytes: u64,
+    pub files: Option<u64>,
+    pub bytes: Option<u64>,
+    pub chunks: Option<u64>,
+}
+
+impl LargeVolume {
+    fn new(index: &VolumeIndex, tree_bytes: u64) -> LargeVolume {
+        let said = |key: &str| {
+            index
+                .index
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .and_then(|v| v.parse().ok())
+        };
+        LargeVolume {
+            tree_bytes,
+            files: said(ANNOTATION_FILES),
+            bytes: said(ANNOTATION_BYTES),
+            chunks: said(ANNOTATION_CHUNKS),
+        }
+    }
 }
 
 fn not_found(what: String) -> ApiError {
     ApiError::not_found(ErrorCode::ManifestUnknown, what)
 }
 
-/// Reads a whole blob of `repo` (at most [`MAX_READ`] bytes).
-pub(super) async fn read_blob(
+/// Reads a blob of `repo`, or a range of it, of at most `limit` bytes.
+async fn read_blob(
     state: &Service,
     repo: &RepoName,
     digest: &Digest,
     range: Option<(u64, u64)>,
+    limit: u64,
 ) -> Result<Vec<u8>, ApiError> {
     let location = state
         .blob_rows()
@@ -36,7 +69,7 @@ pub(super) async fn read_blob(
         .await?
         .ok_or_else(|| ApiError::blob_unknown(digest))?;
     let (start, end) = range.unwrap_or((0, location.size));
-    if end.saturating_sub(start) > MAX_READ {
+    if end.saturating_sub(start) > limit {
         return Err(ApiError::bad_request(
             ErrorCode::Unsupported,
             format!("{digest} is too large to show"),
@@ -69,15 +102,6 @@ pub(super) async fn open(
         return Ok(Opened::Other(manifest));
     };
     let invalid = |e: String| ApiError::internal(format!("volume {digest} of {repo}: {e}"));
-    let mut chunks = Vec::new();
-    for part in &index.parts {
-        let m = state
-            .manifests()
-            .get_manifest(repo, &Target::Digest(part.digest.clone()))
-            .await?
-            .ok_or_else(|| invalid(format!("part {} is missing", part.digest)))?;
-        chunks.extend(chunks_from_part(&m.content).map_err(|e| invalid(e.to_string()))?);
-    }
     let tree_digest = match &index.tree {
         Some(d) => d.clone(),
         None => {
@@ -89,7 +113,26 @@ pub(super) async fn open(
             tree_from_manifest(&tm.content).map_err(|e| invalid(e.to_string()))?
         }
     };
-    let bytes = read_blob(state, repo, &tree_digest, None).await?;
+    // A tree over the limit is not read, nor are the parts: the page says what the index says.
+    let tree_bytes = state
+        .blob_rows()
+        .blob_location(repo, &tree_digest)
+        .await?
+        .ok_or_else(|| ApiError::blob_unknown(&tree_digest))?
+        .size;
+    if tree_bytes > state.config.ui_max_tree {
+        return Ok(Opened::Large(LargeVolume::new(&index, tree_bytes)));
+    }
+    let mut chunks = Vec::new();
+    for part in &index.parts {
+        let m = state
+            .manifests()
+            .get_manifest(repo, &Target::Digest(part.digest.clone()))
+            .await?
+            .ok_or_else(|| invalid(format!("part {} is missing", part.digest)))?;
+        chunks.extend(chunks_from_part(&m.content).map_err(|e| invalid(e.to_string()))?);
+    }
+    let bytes = read_blob(state, repo, &tree_digest, None, state.config.ui_max_tree).await?;
     let tree = Tree::from_parts(&bytes, chunks).map_err(|e| invalid(e.to_string()))?;
     Ok(Opened::Volume {
         tree: Box::new(tree),
@@ -112,7 +155,7 @@ async fn read_file_range(
         if from >= to {
             continue;
         }
-        out.extend(read_blob(state, repo, digest, Some((from - at, to - at))).await?);
+        out.extend(read_blob(state, repo, digest, Some((from - at, to - at)), MAX_READ).await?);
     }
     Ok(out)
 }

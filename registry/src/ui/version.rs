@@ -82,7 +82,7 @@ pub(super) async fn version(
                                 .sum::<u64>(),
                         )
                     }
-                    Opened::Other(_) => None,
+                    Opened::Large(_) | Opened::Other(_) => None,
                 },
                 None => None,
             };
@@ -122,6 +122,23 @@ pub(super) async fn version(
                 } }
                 @if tree.entries.len() > ENTRIES_SHOWN {
                     p.muted { "… and " (tree.entries.len() - ENTRIES_SHOWN) " more entries (" code { "vial inspect" } " lists them all)." }
+                }
+                (referrers_html)
+            }
+        }
+        Opened::Large(large) => {
+            let unknown = || "?".to_owned();
+            html! {
+                (head)
+                div.panel.stats {
+                    div { "Files" b { (large.files.map_or_else(unknown, |f| f.to_string())) } }
+                    div { "Size" b { (large.bytes.map_or_else(unknown, bytes)) } }
+                    div { "Chunks" b { (large.chunks.map_or_else(unknown, |c| c.to_string())) } }
+                    div { "Tree" b { (bytes(large.tree_bytes)) } }
+                }
+                p.muted {
+                    "The figures are what the version's index says. Its tree is larger than this registry reads to list files ("
+                    code { "--ui-max-tree" } "); " code { (format!("vial inspect {pinned}")) } " lists them all."
                 }
                 (referrers_html)
             }
@@ -170,6 +187,20 @@ pub(super) async fn version(
     ))
 }
 
+/// The comparison page of two versions one of which has a tree larger than the UI reads.
+fn too_large_to_compare(viewer: &Viewer, repo: &RepoName, a: &Digest, b: &Digest) -> Markup {
+    let pinned = |d: &Digest| format!("{}/{repo}@{d}", viewer.host);
+    let body = html! {
+        h1 { a href=(repo_url(repo, "")) { (repo) } ": compare" }
+        p {
+            "One of these versions has a tree larger than this registry reads to compare files ("
+            code { "--ui-max-tree" } "). Compare them with:"
+        }
+        pre { (format!("vial diff {} {}", pinned(a), pinned(b))) }
+    };
+    layout::page(&format!("{repo}: compare"), viewer, None, body)
+}
+
 /// `/ui/r/<name>/-/compare?a=<older>&b=<newer>`.
 pub(super) async fn compare(
     state: &Service,
@@ -195,11 +226,14 @@ pub(super) async fn compare(
             format!("{d} is not a volume: only volumes are compared"),
         )
     };
-    let Opened::Volume { tree: old, .. } = data::open(state, repo, &a).await? else {
-        return Err(not_volume(&a));
-    };
-    let Opened::Volume { tree: new, .. } = data::open(state, repo, &b).await? else {
-        return Err(not_volume(&b));
+    let (old, new) = match (
+        data::open(state, repo, &a).await?,
+        data::open(state, repo, &b).await?,
+    ) {
+        (Opened::Volume { tree: old }, Opened::Volume { tree: new }) => (old, new),
+        (Opened::Other(_), _) => return Err(not_volume(&a)),
+        (_, Opened::Other(_)) => return Err(not_volume(&b)),
+        _ => return Ok(too_large_to_compare(viewer, repo, &a, &b)),
     };
     let d = diff_trees(&old, &new);
     let size_of = |tree: &Tree, path: &str| match tree.entry(path).map(|e| &e.kind) {
