@@ -834,3 +834,56 @@ fn push_and_copy_summaries_say_only_what_happened_in_plain_counts() {
     assert!(said.contains("linked within the registry"), "{said}");
     assert!(!said.contains("0 mounted"), "{said}");
 }
+
+/// A listing piped into a reader that stops early (`vial inspect … | head`) ends quietly with the
+/// shell's code for a broken pipe, not a panic; and the whole listing, read to the end, names
+/// every file once.
+#[test]
+fn a_listing_whose_reader_stops_early_ends_quietly() {
+    use std::io::Read;
+    let server = Server::start();
+    let home = tempfile::tempdir().unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // Some 200 KB of listing: more than a pipe holds, so the writer meets the closed end.
+    for i in 0..5000 {
+        std::fs::write(src.join(format!("file-{i:05}.txt")), i.to_string()).unwrap();
+    }
+    let pushed = push_json(
+        home.path(),
+        &src,
+        &format!("{}/many/files", server.addr),
+        &[],
+    );
+    let reference = pushed["reference"].as_str().unwrap();
+    for json in [false, true] {
+        let mut args = vec!["inspect", reference];
+        if json {
+            args.push("--json");
+        }
+        let mut child = std::process::Command::new(crate::support::vial_bin())
+            .args(&args)
+            .env("HOME", home.path())
+            .env("VIAL_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 100];
+        stdout.read_exact(&mut first).unwrap();
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "json {json}: {stderr}");
+        assert!(stderr.is_empty(), "json {json}: {stderr}");
+    }
+    let listing = vial_ok(home.path(), &["inspect", reference]);
+    for i in 0..5000 {
+        assert_eq!(
+            listing.matches(&format!("file-{i:05}.txt\n")).count(),
+            1,
+            "file-{i:05}.txt"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! What every registry subcommand shares: connection flags, reference parsing, progress bars and
 //! human-readable sizes.
 
+use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -155,11 +156,28 @@ impl Progress for Bars {
     }
 }
 
-/// Prints a value as pretty JSON on stdout.
-#[allow(clippy::print_stdout)]
+/// Prints a value as pretty JSON on stdout, streamed (a million entries are never one string).
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    let mut out = stdout();
+    serde_json::to_writer_pretty(&mut out, value).map_err(std::io::Error::from)?;
+    out.write_all(b"\n")?;
+    out.flush()?;
     Ok(())
+}
+
+/// Standard output, buffered: for listings of many lines (each `println!` is a write).
+pub fn stdout() -> std::io::BufWriter<std::io::StdoutLock<'static>> {
+    std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock())
+}
+
+/// Whether an error is standard output's reader having gone (`vial inspect … | head`): not a
+/// failure to report.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 #[cfg(test)]

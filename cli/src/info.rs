@@ -1,12 +1,16 @@
 //! Read-only views: `vial versions`, `vial ls`, `vial inspect`, `vial diff`.
 
+use std::io::Write;
+
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 use vial_client::volume;
 use vial_core::volume::{EntryKind, Tree, ANNOTATION_BYTES, ANNOTATION_FILES};
 
-use crate::common::{block_on, count, human_bytes, parse_reference, print_json, RegistryArgs};
+use crate::common::{
+    block_on, count, human_bytes, parse_reference, print_json, stdout, RegistryArgs,
+};
 
 #[derive(Debug, Args)]
 pub struct VersionsArgs {
@@ -161,15 +165,28 @@ pub fn run_ls(args: LsArgs) -> anyhow::Result<()> {
     })
 }
 
+/// One entry of `vial inspect --json`, keys sorted.
 #[derive(Serialize)]
 struct FileRow<'a> {
-    path: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    size: u64,
     chunks: usize,
+    path: &'a str,
+    size: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     target: Option<&'a str>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// `vial inspect --json`, keys sorted.
+#[derive(Serialize)]
+struct Inspected<'a> {
+    bytes: u64,
+    chunking: serde_json::Value,
+    chunks: usize,
+    digest: &'a vial_core::Digest,
+    entries: Vec<FileRow<'a>>,
+    files: usize,
+    reference: String,
 }
 
 fn rows(tree: &Tree) -> Vec<FileRow<'_>> {
@@ -211,42 +228,48 @@ pub fn run_inspect(args: InspectArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot open {reference}"))?;
         let pinned = reference.pinned(v.digest.clone());
         if args.json {
-            return print_json(&serde_json::json!({
-                "reference": pinned.to_string(),
-                "digest": v.digest,
-                "files": v.tree.file_count(),
-                "bytes": v.tree.total_bytes(),
-                "chunks": v.tree.chunks.len(),
-                "chunking": v.tree.chunking,
-                "entries": rows(&v.tree),
-            }));
+            // Keys in the order `json!` gave them before (sorted), so scripts see the same text.
+            return print_json(&Inspected {
+                bytes: v.tree.total_bytes(),
+                chunking: serde_json::to_value(&v.tree.chunking)?,
+                chunks: v.tree.chunks.len(),
+                digest: &v.digest,
+                entries: rows(&v.tree),
+                files: v.tree.file_count(),
+                reference: pinned.to_string(),
+            });
         }
-        println!("{pinned}");
-        println!(
+        let mut out = stdout();
+        writeln!(out, "{pinned}")?;
+        writeln!(
+            out,
             "{}, {}, {} ({})",
             count(v.tree.file_count() as u64, "file"),
             human_bytes(v.tree.total_bytes()),
             count(v.tree.chunks.len() as u64, "unique chunk"),
             v.tree.chunking.algorithm
-        );
+        )?;
         for r in rows(&v.tree) {
             match r.kind {
-                "file" => println!(
+                "file" => writeln!(
+                    out,
                     "{:>10}  {:>13}  {}",
                     human_bytes(r.size),
                     count(r.chunks as u64, "chunk"),
                     r.path
-                ),
-                "dir" => println!("{:>10}  {:>13}  {}/", "-", "", r.path),
-                _ => println!(
+                )?,
+                "dir" => writeln!(out, "{:>10}  {:>13}  {}/", "-", "", r.path)?,
+                _ => writeln!(
+                    out,
                     "{:>10}  {:>13}  {} -> {}",
                     "-",
                     "",
                     r.path,
                     r.target.unwrap_or("")
-                ),
+                )?,
             }
         }
+        out.flush()?;
         Ok(())
     })
 }
@@ -274,23 +297,26 @@ pub fn run_diff(args: DiffArgs) -> anyhow::Result<()> {
                 "diff": d,
             }));
         }
+        let mut out = stdout();
         for p in &d.added {
-            println!("+ {p}");
+            writeln!(out, "+ {p}")?;
         }
         for p in &d.removed {
-            println!("- {p}");
+            writeln!(out, "- {p}")?;
         }
         for p in &d.changed {
-            println!("M {p}");
+            writeln!(out, "M {p}")?;
         }
-        println!(
+        writeln!(
+            out,
             "{} added, {} removed, {} changed; a node holding the first version fetches {} in {}",
             d.added.len(),
             d.removed.len(),
             d.changed.len(),
             human_bytes(d.bytes_to_fetch),
             count(d.chunks_to_fetch as u64, "chunk")
-        );
+        )?;
+        out.flush()?;
         Ok(())
     })
 }

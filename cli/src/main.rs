@@ -136,6 +136,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`| head`): stop quietly, as a shell tool does.
+        Err(e) if common::is_broken_pipe(&e) => ExitCode::from(141),
         Err(e) => {
             eprintln!("vial: error: {e:#}");
             ExitCode::FAILURE

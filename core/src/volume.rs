@@ -167,15 +167,28 @@ struct RawTree {
     entries: Vec<RawEntry>,
 }
 
+/// One entry as it is parsed: flat, with the fields of every kind optional, so the parse of a
+/// million entries buffers nothing (an internally tagged enum would buffer each entry first);
+/// [`RawEntry::kind`] then requires the fields its type has.
 #[derive(Deserialize)]
 struct RawEntry {
     path: String,
-    #[serde(flatten)]
-    kind: RawKind,
+    #[serde(rename = "type")]
+    kind: RawType,
+    mode: Option<u32>,
+    size: Option<u64>,
+    chunks: Option<Vec<Span>>,
+    target: Option<String>,
 }
 
 #[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+enum RawType {
+    File,
+    Dir,
+    Symlink,
+}
+
 enum RawKind {
     File {
         mode: u32,
@@ -190,12 +203,63 @@ enum RawKind {
     },
 }
 
+impl RawEntry {
+    /// The entry's kind with the fields it must have, or which one it lacks.
+    fn kind(&mut self) -> Result<RawKind, TreeError> {
+        let missing = |field: &str| {
+            TreeError::Json(format!("entry {:?}: missing field `{field}`", self.path))
+        };
+        Ok(match self.kind {
+            RawType::File => RawKind::File {
+                mode: self.mode.ok_or_else(|| missing("mode"))?,
+                size: self.size.ok_or_else(|| missing("size"))?,
+                chunks: self.chunks.take().ok_or_else(|| missing("chunks"))?,
+            },
+            RawType::Dir => RawKind::Dir {
+                mode: self.mode.ok_or_else(|| missing("mode"))?,
+            },
+            RawType::Symlink => RawKind::Symlink {
+                target: self.target.take().ok_or_else(|| missing("target"))?,
+            },
+        })
+    }
+}
+
 /// One element of a file's `chunks`: a chunk index, or `[first, count]` for `count` consecutive ones.
-#[derive(Deserialize)]
-#[serde(untagged)]
 enum Span {
     One(u32),
     Run(u32, u32),
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Span, D::Error> {
+        use serde::de::{Error, IgnoredAny, SeqAccess, Unexpected, Visitor};
+        struct SpanVisitor;
+        impl<'de> Visitor<'de> for SpanVisitor {
+            type Value = Span;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a chunk index or [first, count]")
+            }
+            fn visit_u64<E: Error>(self, v: u64) -> Result<Span, E> {
+                u32::try_from(v)
+                    .map(Span::One)
+                    .map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Span, A::Error> {
+                let first = seq
+                    .next_element::<u32>()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                let count = seq
+                    .next_element::<u32>()?
+                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                if seq.next_element::<IgnoredAny>()?.is_some() {
+                    return Err(A::Error::invalid_length(3, &self));
+                }
+                Ok(Span::Run(first, count))
+            }
+        }
+        d.deserialize_any(SpanVisitor)
+    }
 }
 
 /// The tree blob as it is written: [`Tree`]'s fields without the chunk table, each file's chunks
@@ -383,8 +447,8 @@ impl Tree {
         // expanded, so a hostile `[0, 4294967295]` costs nothing.
         let mut budget = MAX_CHUNK_REFS;
         let mut entries = Vec::with_capacity(raw.entries.len());
-        for e in raw.entries {
-            let kind = match e.kind {
+        for mut e in raw.entries {
+            let kind = match e.kind()? {
                 RawKind::Dir { mode } => EntryKind::Dir { mode },
                 RawKind::Symlink { target } => EntryKind::Symlink { target },
                 RawKind::File {

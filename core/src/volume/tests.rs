@@ -161,6 +161,39 @@ fn malicious_trees_are_refused_by_readers() {
         Tree::from_parts(b"{\"format\":2", Vec::new()),
         Err(TreeError::Json(_))
     ));
+    // Entries that lack what their type needs, or are of no known type; chunk lists that are
+    // neither indexes nor [first, count].
+    for edit in [
+        |v: &mut serde_json::Value| v["entries"][5].as_object_mut().unwrap().remove("chunks"),
+        |v: &mut serde_json::Value| v["entries"][5].as_object_mut().unwrap().remove("mode"),
+        |v: &mut serde_json::Value| v["entries"][5].as_object_mut().unwrap().remove("size"),
+        |v: &mut serde_json::Value| v["entries"][3].as_object_mut().unwrap().remove("target"),
+        |v: &mut serde_json::Value| v["entries"][0].as_object_mut().unwrap().remove("type"),
+        |v: &mut serde_json::Value| v["entries"][0].as_object_mut().unwrap().remove("path"),
+    ] {
+        assert!(
+            matches!(tampered(|v| drop(edit(v))), Err(TreeError::Json(_))),
+            "an entry without a field it needs was accepted"
+        );
+    }
+    for (field, bad) in [
+        ("type", serde_json::json!("fifo")),
+        ("chunks", serde_json::json!([[0, 1, 2]])),
+        ("chunks", serde_json::json!([[0]])),
+        ("chunks", serde_json::json!([-1])),
+        ("chunks", serde_json::json!([4294967296u64])),
+        ("chunks", serde_json::json!([1.5])),
+        ("chunks", serde_json::json!(["0"])),
+        ("mode", serde_json::json!(null)),
+    ] {
+        assert!(
+            matches!(
+                tampered(|v| v["entries"][5][field] = bad.clone()),
+                Err(TreeError::Json(_))
+            ),
+            "{field}: {bad} accepted"
+        );
+    }
 }
 
 #[test]
