@@ -40,6 +40,10 @@ pub struct EntriesArgs {
     /// Parent of the run's directory.
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+    /// The registry's `--ui-max-tree` (its default, 64MiB, when not given): above it the UI
+    /// shows a version from its index instead of reading its tree.
+    #[arg(long)]
+    pub ui_max_tree: Option<String>,
     /// Keep the run's directory (sources, registry data, logs) afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -53,6 +57,8 @@ struct Size {
     /// (what, median seconds or why it failed), in [`OPS`] order.
     seconds: Vec<(&'static str, Result<f64, String>)>,
     registry_rss_mib: Option<f64>,
+    /// Whether the UI showed the version from its index, its tree being over `--ui-max-tree`.
+    ui_from_index: bool,
 }
 
 /// What is timed: CLI commands, then pages.
@@ -88,6 +94,13 @@ pub async fn entries(args: EntriesArgs) -> Result<()> {
             }
         }));
     }
+    rows.push(row("UI pages read the whole tree", &sizes, |s| {
+        if s.ui_from_index {
+            "no: over --ui-max-tree".to_owned()
+        } else {
+            "yes".to_owned()
+        }
+    }));
     rows.push(row("registry peak RSS (MiB)", &sizes, |s| {
         num(s.registry_rss_mib, 0)
     }));
@@ -128,7 +141,11 @@ fn row(name: &str, sizes: &[Size], cell: impl Fn(&Size) -> String) -> Vec<String
 
 /// One volume of `n` files: written, pushed twice, then each command and page timed.
 async fn one_size(args: &EntriesArgs, dir: &Path, n: usize) -> Result<Size> {
-    let registry = servers::start_vial(&args.vial, &dir.join("registry"))?;
+    let serve: Vec<String> = match &args.ui_max_tree {
+        Some(max) => vec!["--ui-max-tree".into(), max.clone()],
+        None => Vec::new(),
+    };
+    let registry = servers::start_vial_with(&args.vial, &dir.join("registry"), &serve, &[])?;
     let base = registry.url("")?.as_str().trim_end_matches('/').to_owned();
     let host = base.trim_start_matches("http://").to_owned();
     let volume = format!("{host}/entries/n{n}");
@@ -187,6 +204,7 @@ async fn one_size(args: &EntriesArgs, dir: &Path, n: usize) -> Result<Size> {
             format!("/ui/r/{repo}/-/compare?a={a}&b={b}"),
         ),
     ];
+    let mut ui_from_index = false;
     for (op, path) in &pages {
         let mut runs = Vec::new();
         let mut failed = None;
@@ -199,6 +217,7 @@ async fn one_size(args: &EntriesArgs, dir: &Path, n: usize) -> Result<Size> {
                 failed = Some(format!("{status}: {}", page_error(&body)));
                 break;
             }
+            ui_from_index |= String::from_utf8_lossy(&body).contains("--ui-max-tree");
             runs.push(t.elapsed().as_secs_f64());
         }
         seconds.push(done(n, op, runs, failed));
@@ -213,6 +232,7 @@ async fn one_size(args: &EntriesArgs, dir: &Path, n: usize) -> Result<Size> {
         tree_bytes,
         seconds,
         registry_rss_mib,
+        ui_from_index,
     })
 }
 

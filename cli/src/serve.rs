@@ -392,23 +392,15 @@ fn resolve(args: &ServeArgs, file: FileConfig) -> anyhow::Result<(SocketAddr, Co
         }
         (None, None) => {}
     }
-    match (args.ui_max_tree, &file.ui_max_tree) {
-        (Some(bytes), _) => config.ui_max_tree = bytes,
-        (None, Some(text)) => {
-            config.ui_max_tree = crate::mount::parse_size(text)
-                .map_err(anyhow::Error::msg)
-                .context("ui-max-tree in the config file")?
-        }
-        (None, None) => {}
+    if let Some(bytes) = size_setting(args.ui_max_tree, &file.ui_max_tree, "ui-max-tree")? {
+        config.ui_max_tree = bytes;
     }
-    match (args.gc_compact_bytes, &file.gc_compact_bytes) {
-        (Some(bytes), _) => config.gc_compact_bytes = bytes,
-        (None, Some(text)) => {
-            config.gc_compact_bytes = crate::mount::parse_size(text)
-                .map_err(anyhow::Error::msg)
-                .context("gc-compact-bytes in the config file")?
-        }
-        (None, None) => {}
+    if let Some(bytes) = size_setting(
+        args.gc_compact_bytes,
+        &file.gc_compact_bytes,
+        "gc-compact-bytes",
+    )? {
+        config.gc_compact_bytes = bytes;
     }
     for (ns, d) in file.namespace_retention.iter().flatten() {
         let d = humantime::parse_duration(d)
@@ -587,6 +579,23 @@ async fn shutdown_signal() {
     }
 }
 
+/// A size from the command line (or its environment variable), else from the config file's
+/// `key`, else none.
+fn size_setting(
+    flag: Option<u64>,
+    file: &Option<String>,
+    key: &str,
+) -> anyhow::Result<Option<u64>> {
+    match (flag, file) {
+        (Some(bytes), _) => Ok(Some(bytes)),
+        (None, Some(text)) => crate::mount::parse_size(text)
+            .map(Some)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("{key} in the config file")),
+        (None, None) => Ok(None),
+    }
+}
+
 /// A share of a whole: `10%` or `0.1`, from 0 to 1.
 fn parse_share(s: &str) -> Result<f64, String> {
     let t = s.trim();
@@ -604,6 +613,19 @@ fn parse_share(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_size_comes_from_the_flag_then_the_config_file() {
+        let text = Some("256MiB".to_owned());
+        assert_eq!(size_setting(Some(7), &text, "k").unwrap(), Some(7));
+        assert_eq!(size_setting(None, &text, "k").unwrap(), Some(256 << 20));
+        assert_eq!(size_setting(None, &None, "k").unwrap(), None);
+        let bad = size_setting(None, &Some("lots".to_owned()), "ui-max-tree").unwrap_err();
+        assert!(
+            format!("{bad:#}").contains("ui-max-tree in the config file"),
+            "{bad:#}"
+        );
+    }
 
     #[test]
     fn a_share_is_a_percentage_or_a_fraction() {
