@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::chunking::ChunkParams;
 use crate::manifest::{Descriptor, ImageIndex, ImageManifest};
 use crate::{media, Algorithm, Digest};
+use raw::{RawEntry, RawKind, Span};
 
 /// The format this code writes.
 pub const FORMAT_VERSION: u32 = 4;
@@ -165,101 +166,6 @@ struct RawTree {
     format: u32,
     chunking: ChunkingInfo,
     entries: Vec<RawEntry>,
-}
-
-/// One entry as it is parsed: flat, with the fields of every kind optional, so the parse of a
-/// million entries buffers nothing (an internally tagged enum would buffer each entry first);
-/// [`RawEntry::kind`] then requires the fields its type has.
-#[derive(Deserialize)]
-struct RawEntry {
-    path: String,
-    #[serde(rename = "type")]
-    kind: RawType,
-    mode: Option<u32>,
-    size: Option<u64>,
-    chunks: Option<Vec<Span>>,
-    target: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum RawType {
-    File,
-    Dir,
-    Symlink,
-}
-
-enum RawKind {
-    File {
-        mode: u32,
-        size: u64,
-        chunks: Vec<Span>,
-    },
-    Dir {
-        mode: u32,
-    },
-    Symlink {
-        target: String,
-    },
-}
-
-impl RawEntry {
-    /// The entry's kind with the fields it must have, or which one it lacks.
-    fn kind(&mut self) -> Result<RawKind, TreeError> {
-        let missing = |field: &str| {
-            TreeError::Json(format!("entry {:?}: missing field `{field}`", self.path))
-        };
-        Ok(match self.kind {
-            RawType::File => RawKind::File {
-                mode: self.mode.ok_or_else(|| missing("mode"))?,
-                size: self.size.ok_or_else(|| missing("size"))?,
-                chunks: self.chunks.take().ok_or_else(|| missing("chunks"))?,
-            },
-            RawType::Dir => RawKind::Dir {
-                mode: self.mode.ok_or_else(|| missing("mode"))?,
-            },
-            RawType::Symlink => RawKind::Symlink {
-                target: self.target.take().ok_or_else(|| missing("target"))?,
-            },
-        })
-    }
-}
-
-/// One element of a file's `chunks`: a chunk index, or `[first, count]` for `count` consecutive ones.
-enum Span {
-    One(u32),
-    Run(u32, u32),
-}
-
-impl<'de> Deserialize<'de> for Span {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Span, D::Error> {
-        use serde::de::{Error, IgnoredAny, SeqAccess, Unexpected, Visitor};
-        struct SpanVisitor;
-        impl<'de> Visitor<'de> for SpanVisitor {
-            type Value = Span;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a chunk index or [first, count]")
-            }
-            fn visit_u64<E: Error>(self, v: u64) -> Result<Span, E> {
-                u32::try_from(v)
-                    .map(Span::One)
-                    .map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Span, A::Error> {
-                let first = seq
-                    .next_element::<u32>()?
-                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
-                let count = seq
-                    .next_element::<u32>()?
-                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
-                if seq.next_element::<IgnoredAny>()?.is_some() {
-                    return Err(A::Error::invalid_length(3, &self));
-                }
-                Ok(Span::Run(first, count))
-            }
-        }
-        d.deserialize_any(SpanVisitor)
-    }
 }
 
 /// The tree blob as it is written: [`Tree`]'s fields without the chunk table, each file's chunks
@@ -448,7 +354,7 @@ impl Tree {
         let mut budget = MAX_CHUNK_REFS;
         let mut entries = Vec::with_capacity(raw.entries.len());
         for mut e in raw.entries {
-            let kind = match e.kind()? {
+            let kind = match e.kind().map_err(TreeError::Json)? {
                 RawKind::Dir { mode } => EntryKind::Dir { mode },
                 RawKind::Symlink { target } => EntryKind::Symlink { target },
                 RawKind::File {
@@ -1016,6 +922,7 @@ pub fn tree_from_manifest(bytes: &[u8]) -> Result<Digest, VolumeError> {
 }
 
 pub mod diff;
+mod raw;
 
 #[cfg(test)]
 mod tests;
