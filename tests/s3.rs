@@ -9,6 +9,7 @@ use std::time::Duration;
 use vial_core::Algorithm;
 
 use crate::support::oci::pseudo_random;
+use crate::support::packs::OutOfPackOrder;
 use crate::support::postgres::PgCluster;
 use crate::support::s3::{Moto, S3Server, BUCKET};
 use crate::support::vial::{assert_same_tree, push_json, vial_ok};
@@ -548,18 +549,39 @@ fn uploads_abandoned_by_a_killed_replica_are_swept() {
 
 /// `vial_s3_requests_total{method="PUT"}` from the registry's /metrics.
 fn s3_puts(server: &Server) -> u64 {
+    s3_requests(server, "PUT").expect("vial_s3_requests_total{method=\"PUT\"} in /metrics")
+}
+
+/// `vial_s3_requests_total{method=METHOD}` from the registry's /metrics, if it has counted one.
+fn s3_requests(server: &Server, method: &str) -> Option<u64> {
     let text = reqwest::blocking::get(format!("{}/metrics", server.url()))
         .unwrap()
         .text()
         .unwrap();
+    let prefix = format!("vial_s3_requests_total{{method=\"{method}\"}}");
     text.lines()
-        .find_map(|l| {
-            l.strip_prefix("vial_s3_requests_total{method=\"PUT\"}")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .expect("vial_s3_requests_total{method=\"PUT\"} in /metrics")
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+}
+
+/// A pull of many small files asks for their chunks in tree order, not in the order their pack
+/// holds them: the registry gathers them in a few ranged GETs, not one per chunk.
+#[test]
+fn small_chunks_asked_out_of_pack_order_cost_a_few_gets_not_one_each() {
+    let Some(s3) = S3Server::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_s3(&s3, &dir.path().join("data"), "gather", &[]);
+    let chunks = OutOfPackOrder::send(&server.url(), "gather/chunks");
+    let before = s3_requests(&server, "GET").unwrap_or(0);
+    let asked = chunks.read_and_check(&server.url(), "gather/chunks");
+    let after = s3_requests(&server, "GET").expect("S3 GETs counted in /metrics");
+    let gets = after - before;
+    // Two packs, the bulk read cut in two windows by the large chunk asked on its own: a ranged
+    // GET per pack and window, one for the large chunk and one for each of the 30 blobs stored
+    // whole. One GET per chunk would be 432.
+    assert!(
+        (31..=38).contains(&gets),
+        "a bulk read of {asked} small chunks out of pack order cost {gets} S3 GETs"
+    );
 }
 
 #[test]

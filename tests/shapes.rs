@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::support::mount::{fuse_available, Mount};
 use crate::support::oci::pseudo_random;
+use crate::support::packs::OutOfPackOrder;
 use crate::support::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
 use crate::support::vial::{assert_same_tree, vial_limited, vial_limited_ok};
 use crate::support::{backend, require_all, Server};
@@ -228,6 +229,15 @@ fn a_bucket_of_twenty_thousand_files_syncs_under_256_open_files() {
 /// 255 bytes (a file and a directory), empty files and directories, symlinks (relative, absolute,
 /// dangling, to a directory). On the embedded default, a 100 GiB sparse file too (it tests the
 /// client and the format, not the stores: its bytes are one chunk of zeros, sent once).
+/// A pull asks for small files' chunks in tree order, which need not be the order a push packed
+/// them in: the registry gathers them from their packs and still answers in the order asked.
+#[test]
+fn small_chunks_read_in_another_order_than_their_packs_come_back_in_the_order_asked() {
+    let server = Server::start();
+    let chunks = OutOfPackOrder::send(&server.url(), "shapes/gathered");
+    assert_eq!(chunks.read_and_check(&server.url(), "shapes/gathered"), 432);
+}
+
 #[test]
 fn trees_at_the_edges_of_what_a_file_system_allows_come_back_exactly() {
     let work = tempfile::tempdir().unwrap();

@@ -16,6 +16,7 @@ pub mod hub;
 pub mod model;
 pub mod mount;
 pub mod oci;
+pub mod packs;
 pub mod postgres;
 pub mod proxy;
 pub mod s3;

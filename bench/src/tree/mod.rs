@@ -168,13 +168,12 @@ impl Bench<'_> {
         limited(self.ctx.bench, &all, &[], &self.log(name))
     }
 
-    /// Each client pushes the volume into its own repository. The tarball's push includes making
-    /// the tarball; the file-per-layer client is skipped where its manifest would not fit, or
-    /// where it fails ("where it copes").
-    fn pushes(&self, per_file_refused: Option<String>) -> Result<Vec<Row>> {
+    /// vial and the tarball push the volume, each into its own repository; the tarball's push
+    /// includes making the tarball.
+    fn pushes(&self) -> Result<Vec<Row>> {
         let src = s(self.src.display());
         let tar = fresh(&self.dir.join("tarball"))?.join("tree.tar");
-        let mut rows = vec![
+        let rows = vec![
             measure(PUSH, VIAL, true, || {
                 let reference = format!("{}/tree/vial", self.host);
                 self.vial(
@@ -196,7 +195,17 @@ impl Bench<'_> {
             }),
         ];
         let _ = std::fs::remove_dir_all(self.dir.join("tarball"));
-        rows.push(match per_file_refused {
+        Ok(rows)
+    }
+
+    /// The layer-per-file client's push and pull, skipped where its manifest would not fit or
+    /// its push fails ("where it copes"), and measured after every vial row: its uploads
+    /// store each small file whole, which moves the chunks of the same bytes out of the packs
+    /// `vial push` put them in (the registry keeps one copy of a blob, where it was last
+    /// stored), so vial's rows would measure reads of the other client's layout.
+    fn per_file(&self, refused: Option<String>) -> Result<(Row, Row)> {
+        let src = s(self.src.display());
+        let push = match refused {
             Some(why) => Row::new(PUSH, PER_FILE, false).skipped(&why),
             None => {
                 let row = measure(PUSH, PER_FILE, false, || {
@@ -208,15 +217,25 @@ impl Bench<'_> {
                     _ => row,
                 }
             }
+        };
+        if push.seconds.is_none() {
+            return Ok((push, Row::new(PULL, PER_FILE, false).skipped("not pushed")));
+        }
+        let out = fresh(&self.dir.join("out"))?;
+        let mut pull = measure(PULL, PER_FILE, false, || {
+            let pull = [s("--tag"), s(TAG), s("--out"), s(out.display())];
+            self.files_client(PULL, "tree/per-file", &pull, "per-file-pull")
         });
-        Ok(rows)
+        check(&mut pull, &out, self.want);
+        std::fs::remove_dir_all(&out)?;
+        Ok((push, pull))
     }
 
-    /// Each client pulls its repository into an empty directory, checked against the volume
-    /// afterwards; the tarball's pull is the blob fetched, then `tar -xf`. Each output is
+    /// vial and the tarball pull their repositories into an empty directory, checked against the
+    /// volume afterwards; the tarball's pull is the blob fetched, then `tar -xf`. Each output is
     /// emptied before the page cache is dropped, so no client's timing pays for removing the
     /// last one's files.
-    fn pulls(&self, per_file_pushed: bool) -> Result<Vec<Row>> {
+    fn pulls(&self) -> Result<Vec<Row>> {
         let out = fresh(&self.dir.join("out"))?;
         let tarball = self.dir.join("tarball");
         let mut vial = measure(PULL, VIAL, true, || {
@@ -244,19 +263,8 @@ impl Bench<'_> {
         });
         check(&mut tar, &out, self.want);
         std::fs::remove_dir_all(&tarball)?;
-        fresh(&out)?;
-        let per_file = if per_file_pushed {
-            let mut row = measure(PULL, PER_FILE, false, || {
-                let pull = [s("--tag"), s(TAG), s("--out"), s(out.display())];
-                self.files_client(PULL, "tree/per-file", &pull, "per-file-pull")
-            });
-            check(&mut row, &out, self.want);
-            row
-        } else {
-            Row::new(PULL, PER_FILE, false).skipped("not pushed")
-        };
         std::fs::remove_dir_all(&out)?;
-        Ok(vec![vial, tar, per_file])
+        Ok(vec![vial, tar])
     }
 
     /// `vial mount` through the limit, on an empty cache of its own.
@@ -442,13 +450,17 @@ async fn run_volume(ctx: &Ctx<'_>, vol: &Volume, src: &Path, backend: &str) -> R
         eprintln!("vial-bench: could not ask the registry about the manifest's size: {e:#}");
         None
     });
-    let mut rows = b.pushes(refused)?;
-    let per_file_pushed = rows
-        .iter()
-        .any(|r| r.client == PER_FILE && r.seconds.is_some());
-    rows.extend(b.pulls(per_file_pushed)?);
-    rows.extend(b.reads()?);
-    rows.extend(b.mount_and_list());
+    let pushes = b.pushes()?;
+    let pulls = b.pulls()?;
+    let reads = b.reads()?;
+    let listing = b.mount_and_list();
+    let (per_file_push, per_file_pull) = b.per_file(refused)?;
+    let mut rows = pushes;
+    rows.push(per_file_push);
+    rows.extend(pulls);
+    rows.push(per_file_pull);
+    rows.extend(reads);
+    rows.extend(listing);
     let registry_rss_mib = proc_status_kib(reg.server.pid(), "VmHWM").map(|k| k as f64 / 1024.0);
     drop(reg);
     std::fs::remove_dir_all(&b.dir)?;
