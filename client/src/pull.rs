@@ -193,7 +193,7 @@ impl Writer {
             let path = &self.targets[file].write_to;
             let f = self
                 .open
-                .get(&file, || OpenOptions::new().write(true).open(path))
+                .get(&file, || open_to_write(path))
                 .map_err(|e| ClientError::io(path, e))?;
             {
                 let _turn = self.turns[file % self.turns.len()]
@@ -456,14 +456,27 @@ fn part_path(final_path: &Path) -> PathBuf {
     final_path.with_file_name(format!(".vial-part-{}", &hash.hex()[..32]))
 }
 
-/// Creates directories and symlinks, and opens every file for writing. Refuses to follow anything
-/// in `dest` that is not what the tree says (a symlink where a directory should be, for instance).
+/// Creates directories and symlinks, and creates every file to be written (in an empty `dest`,
+/// files with bytes are created by their first write instead: nothing there needs checking, and
+/// a pull of many small files spends most of its time in the file system's calls). Refuses to
+/// follow anything in `dest` that is not what the tree says (a symlink where a directory should
+/// be, for instance).
 fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget>, ClientError> {
+    let empty = match std::fs::read_dir(dest) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(ClientError::io(dest, e)),
+    };
     std::fs::create_dir_all(dest).map_err(|e| ClientError::io(dest, e))?;
     let mut targets = Vec::new();
     for e in &tree.entries {
         let path = dest.join(&e.path);
-        let existing = std::fs::symlink_metadata(&path).ok();
+        // In an empty destination only this pull makes anything.
+        let existing = if empty {
+            None
+        } else {
+            std::fs::symlink_metadata(&path).ok()
+        };
         match &e.kind {
             EntryKind::Dir { .. } => match existing {
                 Some(m) if m.is_dir() => {}
@@ -520,6 +533,8 @@ fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget
                 }
                 let (write_to, fresh) = if complete {
                     (path.clone(), false)
+                } else if empty && *size > 0 {
+                    (part_path(&path), true)
                 } else {
                     let part = part_path(&path);
                     let had_part = std::fs::symlink_metadata(&part).is_ok_and(|m| m.is_file());
@@ -543,6 +558,16 @@ fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget
         }
     }
     Ok(targets)
+}
+
+/// Opens a file being pulled to write into it, creating it if [`prepare`] left that to its first
+/// write.
+fn open_to_write(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
 }
 
 /// Drops from `wanted` every place whose bytes on disk already hash to the chunk's digest. Files
@@ -644,10 +669,7 @@ fn copy_from_seeds(
         let to = match &sink {
             Some((open, f)) if *open == file => f,
             _ => {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&t.write_to)
-                    .map_err(|e| ClientError::io(&t.write_to, e))?;
+                let f = open_to_write(&t.write_to).map_err(|e| ClientError::io(&t.write_to, e))?;
                 &sink.insert((file, f)).1
             }
         };
@@ -720,7 +742,32 @@ fn finish(
     tree: &Tree,
     fsync: bool,
 ) -> Result<(), ClientError> {
-    for t in targets.iter().filter(|t| !t.linked) {
+    let written: Vec<&FileTarget> = targets.iter().filter(|t| !t.linked).collect();
+    // Two threads: with many small files this is mostly the kernel's time, and directories
+    // apart take their renames at once.
+    let half = written.len().div_ceil(2).max(1);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = written
+            .chunks(half)
+            .map(|part| scope.spawn(move || finish_files(part, fsync)))
+            .collect();
+        parts
+            .into_iter()
+            .try_for_each(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+    })?;
+    for e in &tree.entries {
+        if let EntryKind::Dir { mode } = e.kind {
+            let path = dest.join(&e.path);
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| ClientError::io(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Gives each file its mode and its final name, durable first with `fsync`.
+fn finish_files(targets: &[&FileTarget], fsync: bool) -> Result<(), ClientError> {
+    for t in targets {
         if fsync {
             let f = File::open(&t.write_to).map_err(|e| ClientError::io(&t.write_to, e))?;
             f.sync_all().map_err(|e| ClientError::io(&t.write_to, e))?;
@@ -730,13 +777,6 @@ fn finish(
         if t.write_to != t.final_path {
             std::fs::rename(&t.write_to, &t.final_path)
                 .map_err(|e| ClientError::io(&t.final_path, e))?;
-        }
-    }
-    for e in &tree.entries {
-        if let EntryKind::Dir { mode } = e.kind {
-            let path = dest.join(&e.path);
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| ClientError::io(&path, e))?;
         }
     }
     Ok(())
