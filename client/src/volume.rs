@@ -94,7 +94,11 @@ pub async fn open(
                 .ok_or_else(|| {
                     ClientError::InvalidVolume(format!("part manifest {} is missing", p.digest))
                 })?;
-            chunks_from_part(&m.bytes).map_err(|e| ClientError::InvalidVolume(e.to_string()))
+            // Parsed off the runtime, so parts parse on every core while the tree downloads.
+            tokio::task::spawn_blocking(move || chunks_from_part(&m.bytes))
+                .await
+                .map_err(ClientError::task("parse a part manifest"))?
+                .map_err(|e| ClientError::InvalidVolume(e.to_string()))
         })
         .collect();
     let part_fetches = futures_util::stream::iter(part_futures)
@@ -106,7 +110,10 @@ pub async fn open(
     for part in parts {
         chunks.extend(part?);
     }
-    let tree = Tree::from_parts(&tree_bytes, chunks)
+    // Off the runtime too: `vial diff` parses two trees at once.
+    let tree = tokio::task::spawn_blocking(move || Tree::from_parts(&tree_bytes, chunks))
+        .await
+        .map_err(ClientError::task("parse the tree"))?
         .map_err(|e| ClientError::InvalidVolume(format!("{what}: {e}")))?;
     Ok(Version {
         digest: manifest.digest,

@@ -99,6 +99,30 @@ pub struct Digest {
 impl Digest {
     /// Parses and validates `algorithm:encoded`.
     pub fn parse(s: &str) -> Result<Self, DigestError> {
+        let algorithm = Self::check(s)?;
+        Ok(Digest {
+            algorithm,
+            text: s.to_owned(),
+        })
+    }
+
+    /// [`Digest::parse`] of a string it keeps: what every digest read from JSON takes, so the
+    /// text is not copied again.
+    pub fn parse_string(s: String) -> Result<Self, DigestError> {
+        let algorithm = Self::check(&s)?;
+        Ok(Digest { algorithm, text: s })
+    }
+
+    /// The algorithm of `s` if it is a digest of one vial knows, its encoding right for it.
+    fn check(s: &str) -> Result<Algorithm, DigestError> {
+        // Nearly every digest read is a SHA-256 one: a tree's chunk table holds up to millions.
+        if let Some(hex) = s.strip_prefix("sha256:") {
+            if hex.len() == Algorithm::Sha256.hex_len()
+                && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            {
+                return Ok(Algorithm::Sha256);
+            }
+        }
         let (alg, encoded) = s
             .split_once(':')
             .ok_or_else(|| DigestError::Malformed(s.to_owned()))?;
@@ -119,10 +143,7 @@ impl Digest {
                 algorithm,
             });
         }
-        Ok(Digest {
-            algorithm,
-            text: s.to_owned(),
-        })
+        Ok(algorithm)
     }
 
     /// Builds a digest from raw hash output.
@@ -176,7 +197,7 @@ impl Serialize for Digest {
 impl<'de> Deserialize<'de> for Digest {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let s = String::deserialize(deserializer)?;
-        Digest::parse(&s).map_err(serde::de::Error::custom)
+        Digest::parse_string(s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -291,6 +312,12 @@ mod tests {
             "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855/",
         ] {
             assert!(Digest::parse(bad).is_err(), "{bad:?} should be rejected");
+            // Read from JSON (every digest in a manifest or tree), the same checks.
+            let json = serde_json::to_string(bad).unwrap();
+            assert!(
+                serde_json::from_str::<Digest>(&json).is_err(),
+                "{bad:?} should be rejected in JSON"
+            );
         }
     }
 

@@ -890,7 +890,21 @@ impl VolumeIndex {
 
 /// The chunks a part manifest lists, in order.
 pub fn chunks_from_part(bytes: &[u8]) -> Result<Vec<ChunkRef>, VolumeError> {
-    let m: ImageManifest =
+    /// Only what a part manifest's reader takes: a volume has hundreds of thousands of chunks,
+    /// and the media type of each is only compared.
+    #[derive(Deserialize)]
+    struct Part<'a> {
+        #[serde(borrow)]
+        layers: Vec<PartLayer<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct PartLayer<'a> {
+        #[serde(rename = "mediaType", borrow)]
+        media_type: std::borrow::Cow<'a, str>,
+        digest: Digest,
+        size: u64,
+    }
+    let m: Part<'_> =
         serde_json::from_slice(bytes).map_err(|e| VolumeError::Json(e.to_string()))?;
     m.layers
         .into_iter()

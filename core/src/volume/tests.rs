@@ -487,3 +487,31 @@ fn parts_are_content_defined_so_an_insertion_keeps_most_of_them() {
         a.len()
     );
 }
+
+#[test]
+fn a_part_manifest_holds_only_chunks_with_valid_digests() {
+    let part = |media_type: &str, digest: &str| {
+        serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.empty.v1+json",
+                "digest": "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",
+                "size": 2
+            },
+            "layers": [{ "mediaType": media_type, "digest": digest, "size": 5 }]
+        })
+        .to_string()
+    };
+    let good = "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+    let chunks = chunks_from_part(part(CHUNK_MEDIA_TYPE, good).as_bytes()).unwrap();
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].digest.as_str(), good);
+    assert_eq!(chunks[0].size, 5);
+    assert!(matches!(
+        chunks_from_part(part(TREE_MEDIA_TYPE, good).as_bytes()),
+        Err(VolumeError::NotAVolume(_))
+    ));
+    let upper = good.to_uppercase().replace("SHA256", "sha256");
+    assert!(chunks_from_part(part(CHUNK_MEDIA_TYPE, &upper).as_bytes()).is_err());
+}
