@@ -189,6 +189,24 @@ struct Inspected<'a> {
     reference: String,
 }
 
+/// `vial diff --json`, keys sorted (as `json!` gave them before), written without a copy of
+/// the paths.
+#[derive(Serialize)]
+struct Diffed<'a> {
+    diff: DiffRows<'a>,
+    from: String,
+    to: String,
+}
+
+#[derive(Serialize)]
+struct DiffRows<'a> {
+    added: &'a [String],
+    bytes_to_fetch: u64,
+    changed: &'a [String],
+    chunks_to_fetch: usize,
+    removed: &'a [String],
+}
+
 fn rows(tree: &Tree) -> Vec<FileRow<'_>> {
     tree.entries
         .iter()
@@ -291,11 +309,17 @@ pub fn run_diff(args: DiffArgs) -> anyhow::Result<()> {
         let vb = vb.with_context(|| format!("cannot open {b}"))?;
         let d = vial_core::volume::diff::diff_trees(&va.tree, &vb.tree);
         if args.json {
-            return print_json(&serde_json::json!({
-                "from": a.pinned(va.digest.clone()).to_string(),
-                "to": b.pinned(vb.digest.clone()).to_string(),
-                "diff": d,
-            }));
+            return print_json(&Diffed {
+                diff: DiffRows {
+                    added: &d.added,
+                    bytes_to_fetch: d.bytes_to_fetch,
+                    changed: &d.changed,
+                    chunks_to_fetch: d.chunks_to_fetch,
+                    removed: &d.removed,
+                },
+                from: a.pinned(va.digest.clone()).to_string(),
+                to: b.pinned(vb.digest.clone()).to_string(),
+            });
         }
         let mut out = stdout();
         for p in &d.added {
