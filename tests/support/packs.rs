@@ -40,9 +40,9 @@ pub fn bulk_read(base: &str, repo: &str, digests: &[&Digest]) -> Vec<u8> {
     resp.bytes().unwrap().to_vec()
 }
 
-/// Chunks that sit in two packs in one order and are asked for in another (a push's hashing
-/// threads pack small files in the order they finish; a pull asks in tree order), one of them
-/// large, one asked twice, and small blobs stored whole among them.
+/// Chunks that sit in two packs in one order and are asked for in another (a version's chunks
+/// stay where they were first stored; a pull asks in tree order), one of them large, one asked
+/// twice, and small blobs stored whole among them.
 pub struct OutOfPackOrder {
     chunks: Vec<(Digest, Vec<u8>)>,
     order: Vec<usize>,

@@ -8,9 +8,10 @@
 //! gone looks it up again and reads it where it is now; one that finds the old pack still there
 //! reads the same bytes from it.
 //!
-//! A bulk read returns blobs in the order asked, which need not be the order they sit in their
-//! packs: a push packs small files' chunks in the order its hashing threads finish them, and a
-//! reader asks in tree order. Small reads that do not follow one another are gathered: a window
+//! A bulk read returns blobs in the order asked, which need not be the order they sit in: a
+//! version's chunks stay where they were first stored (the packs of earlier pushes, packs cut
+//! where the hashing threads paused, blobs another client uploaded whole), and a reader asks in
+//! tree order. Small reads that do not follow one another are gathered: a window
 //! of them is fetched as a few covering ranges, sorted by where they sit, then cut and sent in
 //! the order asked ([`steps`]). On S3 that is a few ranged GETs where it was one per chunk.
 
