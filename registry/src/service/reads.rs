@@ -359,9 +359,7 @@ impl SegmentReader {
             futures_util::stream::iter(streams).flatten(),
         )))
     }
-}
 
-impl SegmentReader {
     /// A gather: its covering ranges fetched into memory, then each segment's bytes cut from them
     /// in the order asked. If a range's pack is gone, its segments are read one by one instead,
     /// each where it is now.
