@@ -190,10 +190,11 @@ impl Writer {
         let frames = &chunk.frames;
         let len: u64 = frames.iter().map(|f| f.len() as u64).sum();
         for &(file, offset) in places {
-            let path = &self.targets[file].write_to;
+            let target = &self.targets[file];
+            let path = &target.write_to;
             let f = self
                 .open
-                .get(&file, || open_to_write(path))
+                .get(&file, || open_to_write(target))
                 .map_err(|e| ClientError::io(path, e))?;
             {
                 let _turn = self.turns[file % self.turns.len()]
@@ -294,6 +295,8 @@ struct FileTarget {
     mode: u32,
     /// Whether the file was just created empty, so nothing in it needs checking.
     fresh: bool,
+    /// Whether [`prepare`] left the file for its first write to create (an empty destination).
+    unmade: bool,
     /// Whether the file is complete already, hard-linked from a seed: nothing in it is fetched,
     /// copied or checked.
     linked: bool,
@@ -527,13 +530,15 @@ fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget
                         final_path: path,
                         mode: *mode,
                         fresh: false,
+                        unmade: false,
                         linked: true,
                     });
                     continue;
                 }
+                let unmade = empty && *size > 0;
                 let (write_to, fresh) = if complete {
                     (path.clone(), false)
-                } else if empty && *size > 0 {
+                } else if unmade {
                     (part_path(&path), true)
                 } else {
                     let part = part_path(&path);
@@ -552,6 +557,7 @@ fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget
                     final_path: path,
                     mode: *mode,
                     fresh,
+                    unmade,
                     linked: false,
                 });
             }
@@ -560,14 +566,14 @@ fn prepare(dest: &Path, tree: &Tree, seeds: &SeedIndex) -> Result<Vec<FileTarget
     Ok(targets)
 }
 
-/// Opens a file being pulled to write into it, creating it if [`prepare`] left that to its first
-/// write.
-fn open_to_write(path: &Path) -> std::io::Result<File> {
+/// Opens a file being pulled to write into it, creating it only if [`prepare`] left that to its
+/// first write: a part file that vanished mid-pull is an error, never a new file with holes.
+fn open_to_write(t: &FileTarget) -> std::io::Result<File> {
     OpenOptions::new()
         .write(true)
-        .create(true)
+        .create(t.unmade)
         .truncate(false)
-        .open(path)
+        .open(&t.write_to)
 }
 
 /// Drops from `wanted` every place whose bytes on disk already hash to the chunk's digest. Files
@@ -669,7 +675,7 @@ fn copy_from_seeds(
         let to = match &sink {
             Some((open, f)) if *open == file => f,
             _ => {
-                let f = open_to_write(&t.write_to).map_err(|e| ClientError::io(&t.write_to, e))?;
+                let f = open_to_write(t).map_err(|e| ClientError::io(&t.write_to, e))?;
                 &sink.insert((file, f)).1
             }
         };
